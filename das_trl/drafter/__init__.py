@@ -1,0 +1,37 @@
+"""DAS drafter core: suffix-tree drafting from a GRPO run's own rollouts (arXiv 2511.13841).
+
+Imports only the standard library, numpy and arctic-inference's C++ ``SuffixTree``; no
+vLLM or TRL (the adapter in ``das_trl.vllm`` wraps :class:`DASDrafter`).
+
+Data flow::
+
+    trainer step -> DASDrafter.add_rollouts(prompts, completions)
+        -> RolloutHistory   (history.py: last `window` appearances per problem,
+                             token budget, oldest-first eviction)
+        -> HistoryIndex     (suffix_index.py: per-problem tree + global tree,
+                             support.py: how many sequences contain each n-gram)
+    engine, per request: start_request -> [extend_request -> propose]* -> stop_request
+        -> LivePool         (live.py: local tree of prompt + own output; sibling tree
+                             of the problem's running/finished outputs)
+        -> arbitration.py   (evidence-weighted choice among problem / siblings /
+                             local / global candidates; not arctic's raw score)
+
+Problem identity: :func:`problem_key` (blake2b of the prompt ids), or an explicit key.
+"""
+
+from .arbitration import Candidate, choose, confidence
+from .config import DrafterConfig
+from .drafter import DASDrafter
+from .history import Appearance, RolloutHistory
+from .problem_key import problem_key
+
+__all__ = [
+    "Appearance",
+    "Candidate",
+    "DASDrafter",
+    "DrafterConfig",
+    "RolloutHistory",
+    "choose",
+    "confidence",
+    "problem_key",
+]

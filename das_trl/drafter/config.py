@@ -1,0 +1,101 @@
+"""Configuration of the DAS drafter (history window, suffix trees, arbitration)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class DrafterConfig:
+    """Settings of :class:`das_trl.drafter.DASDrafter`; validated on construction.
+
+    History (DAS paper, Sec. "rollout history": per-problem sliding window):
+        window: appearances of a problem kept (one appearance = the group of
+            completions a problem got in one ``add_rollouts`` call, i.e. one GRPO step).
+        history_token_budget: total completion tokens kept across all problems; when
+            exceeded, whole appearances are evicted oldest-first across problems.
+        prompt_tail_tokens: last prompt tokens prepended to every history/sibling
+            sequence inside the trees, so the first output tokens (context = prompt
+            tail) can be drafted. Not counted in the token budget.
+
+    Speculation (arctic-inference ``SuffixTree.speculate`` parameters):
+        max_tree_depth: suffix-tree depth; also the context tail used for matching.
+        max_spec_tokens: hard cap of draft tokens per request per round.
+        max_spec_factor: draft length <= factor * match length + offset (as arctic).
+        max_spec_offset: see ``max_spec_factor``.
+        min_token_prob: a chain draft stops at the first token whose estimated
+            (evidence-adjusted) probability is below this.
+        min_match_len: candidates matching fewer context tokens are discarded.
+
+    Sources (each can be switched off):
+        use_problem_tree: per-problem tree over the problem's windowed history.
+        use_global_tree: one tree over all history completions (fallback for problems
+            without history, e.g. the first epoch).
+        use_local_tree: per-request tree over its prompt and its own output so far.
+        share_running_siblings: running (and finished, not yet pushed) siblings of
+            the same problem see each other's outputs.
+        max_lingering_finished: finished sibling outputs kept visible until the next
+            ``add_rollouts`` of their problem replaces them; beyond this many (across
+            all problems) the oldest are dropped, so an engine that never receives
+            ``add_rollouts`` (e.g. evaluation) does not grow without bound.
+
+    Evidence-weighted arbitration (see ``arbitration.py``):
+        support_ngram: n-gram order g used to count supporting sequences: a candidate
+            is supported by the sequences containing (last g-1 context tokens, first
+            draft token).
+        evidence_pseudocount: kappa in conf = n / (n + kappa); n supporting sequences.
+        match_len_pseudocount: mu in match_conf = m / (m + mu); m = match length.
+        support_table_bits: log2 of the counter-table width used to count support in
+            history (2 rows of int32: 8 * 2**bits bytes; 23 -> 64 MiB).
+    """
+
+    window: int = 16
+    history_token_budget: int = 32_000_000
+    prompt_tail_tokens: int = 32
+    max_tree_depth: int = 64
+    max_spec_tokens: int = 16
+    max_spec_factor: float = 2.0
+    max_spec_offset: float = 0.0
+    min_token_prob: float = 0.1
+    min_match_len: int = 1
+    use_problem_tree: bool = True
+    use_global_tree: bool = True
+    use_local_tree: bool = True
+    share_running_siblings: bool = True
+    max_lingering_finished: int = 4096
+    support_ngram: int = 3
+    evidence_pseudocount: float = 2.0
+    match_len_pseudocount: float = 1.0
+    support_table_bits: int = 23
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, msg: str) -> None:
+            if not ok:
+                raise ValueError(f"DrafterConfig: {msg}")
+
+        for name in ("window", "history_token_budget", "max_tree_depth", "max_spec_tokens",
+                     "min_match_len"):
+            value = getattr(self, name)
+            need(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+                 f"{name} must be an int >= 1, got {value!r}")
+        for name in ("prompt_tail_tokens", "max_lingering_finished"):
+            value = getattr(self, name)
+            need(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+                 f"{name} must be an int >= 0, got {value!r}")
+        need(self.max_spec_factor > 0, f"max_spec_factor must be > 0, got {self.max_spec_factor}")
+        need(0.0 <= self.min_token_prob <= 1.0,
+             f"min_token_prob must be in [0, 1], got {self.min_token_prob}")
+        need(isinstance(self.support_ngram, int) and self.support_ngram >= 2,
+             f"support_ngram must be an int >= 2, got {self.support_ngram!r}")
+        need(self.support_ngram <= self.max_tree_depth,
+             f"support_ngram ({self.support_ngram}) must be <= max_tree_depth ({self.max_tree_depth})")
+        need(self.evidence_pseudocount > 0,
+             f"evidence_pseudocount must be > 0, got {self.evidence_pseudocount}")
+        need(self.match_len_pseudocount >= 0,
+             f"match_len_pseudocount must be >= 0, got {self.match_len_pseudocount}")
+        need(isinstance(self.support_table_bits, int) and 10 <= self.support_table_bits <= 30,
+             f"support_table_bits must be an int in [10, 30], got {self.support_table_bits!r}")
+
+    def to_dict(self) -> dict:
+        """Return the fields as a plain ``dict`` (for logs and state files)."""
+        return asdict(self)

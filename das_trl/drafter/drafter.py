@@ -1,0 +1,271 @@
+"""DASDrafter: the one object a vLLM proposer talks to.
+
+Data flow: ``add_rollouts`` (one GRPO step) -> ``RolloutHistory`` (window + budget) ->
+``HistoryIndex`` (per-problem and global suffix trees, support counts). Per request:
+``start_request`` -> ``extend_request`` (each round's accepted tokens) -> ``propose``
+(candidates from problem / siblings / local / global trees, evidence-weighted choice,
+``arbitration.py``) -> ``stop_request``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Sequence
+
+import numpy as np
+
+from .arbitration import SOURCE_ORDER, choose
+from .config import DrafterConfig
+from .history import RolloutHistory
+from .live import LivePool
+from .problem_key import problem_key as _problem_key
+from .suffix_index import HistoryIndex
+
+_TOKEN_LIMIT = 2**31
+
+
+def _as_tokens(ids: Sequence[int] | np.ndarray, what: str) -> np.ndarray:
+    """Validate token ids and return a fresh writeable 1-D ``np.int32`` array.
+
+    Raises:
+        ValueError: not 1-D, not integers (bools and floats rejected), or outside
+            ``[0, 2**31)``.
+    """
+    if isinstance(ids, np.ndarray):
+        arr = ids
+    else:
+        try:
+            seq = list(ids)
+        except TypeError:
+            raise ValueError(f"{what} must be a sequence of ints, got {type(ids).__name__}") from None
+        if not seq:
+            return np.zeros(0, np.int32)
+        if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in seq):
+            raise ValueError(f"{what} must contain only ints")
+        arr = np.asarray(seq)
+    if arr.ndim != 1:
+        raise ValueError(f"{what} must be 1-D, got shape {arr.shape}")
+    if arr.size == 0:
+        return np.zeros(0, np.int32)
+    if arr.dtype.kind not in "iu":
+        raise ValueError(f"{what} must have an integer dtype, got {arr.dtype}")
+    lo, hi = int(arr.min()), int(arr.max())
+    if lo < 0 or hi >= _TOKEN_LIMIT:
+        raise ValueError(f"{what} token ids must lie in [0, 2**31), got range [{lo}, {hi}]")
+    return np.array(arr, dtype=np.int32)
+
+
+class DASDrafter:
+    """Suffix-tree drafter over a GRPO run's own rollout history (DAS, arXiv 2511.13841).
+
+    Args:
+        config: :class:`DrafterConfig` (defaults if ``None``).
+
+    Thread-safety: every public method takes one re-entrant lock, so ``add_rollouts``
+    may run on a background thread while the engine calls ``propose``; ``propose``
+    then waits for the whole insertion (seconds for millions of tokens; see
+    ``das_trl/bench/drafter_speed.py``).
+    """
+
+    def __init__(self, config: DrafterConfig | None = None) -> None:
+        self.config = config if config is not None else DrafterConfig()
+        self._lock = threading.RLock()
+        self._history = RolloutHistory(self.config.window, self.config.history_token_budget)
+        self._index = HistoryIndex(self.config)
+        self._live = LivePool(self.config)
+        self._reset_counters()
+
+    def _reset_counters(self) -> None:
+        self._proposals = 0
+        self._drafts = 0
+        self._draft_tokens = 0
+        self._requests = 0
+        self._wins: Counter[str] = Counter({s: 0 for s in SOURCE_ORDER})
+
+    # ------------------------------------------------------------------ history
+    def add_rollouts(self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
+                     problem_keys: Sequence[int] | None = None) -> dict:
+        """Push one GRPO step's rollouts into the history and the trees.
+
+        Args:
+            prompts: prompt token ids per rollout; ``prompts[i]`` pairs with
+                ``completions[i]`` (siblings repeat the same prompt).
+            completions: completion token ids per rollout (empty ones are ignored).
+            problem_keys: optional explicit key per rollout (int in ``[0, 2**63)``);
+                defaults to :func:`problem_key` of each prompt.
+
+        Rollouts of the same problem in one call form one appearance. Finished sibling
+        outputs of those problems, kept visible since their requests stopped, are
+        released now that their completions are in the history.
+
+        Returns:
+            ``{"problems", "sequences", "tokens", "evicted"}``: problems and non-empty
+            sequences added, completion tokens added, appearances evicted.
+
+        Raises:
+            ValueError: mismatched lengths, ids not ints in ``[0, 2**31)``, or bad
+                problem keys. Nothing is changed then.
+        """
+        if len(prompts) != len(completions):
+            raise ValueError(f"got {len(prompts)} prompts but {len(completions)} completions")
+        if problem_keys is not None and len(problem_keys) != len(prompts):
+            raise ValueError(f"got {len(problem_keys)} problem_keys for {len(prompts)} rollouts")
+        # Validate everything before touching state, so a bad batch changes nothing.
+        groups: dict[int, tuple[np.ndarray, list[np.ndarray]]] = {}
+        for i, (prompt, comp) in enumerate(zip(prompts, completions)):
+            p = _as_tokens(prompt, f"prompts[{i}]")
+            c = _as_tokens(comp, f"completions[{i}]")
+            if problem_keys is not None:
+                k = problem_keys[i]
+                if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or not 0 <= int(k) < 2**63:
+                    raise ValueError(f"problem_keys[{i}] must be an int in [0, 2**63), got {k!r}")
+                key = int(k)
+            else:
+                key = _problem_key(p)
+            entry = groups.setdefault(key, (p, []))
+            if len(c):
+                entry[1].append(c)
+        with self._lock:
+            new_ids, evicted, seqs, tokens = [], [], 0, 0
+            for key, (prompt, comps) in groups.items():
+                if not comps:
+                    continue
+                evicted += self._history.add(key, comps, prompt[-self.config.prompt_tail_tokens:]
+                                             if self.config.prompt_tail_tokens else prompt[:0])
+                new_ids.append(self._history.last_appearance_id)
+                seqs += len(comps)
+                tokens += sum(len(c) for c in comps)
+                self._live.release_finished(key)
+            gone = {app_id for _, app_id in evicted}
+            self._index.remove([a for a in gone if a not in new_ids])
+            self._index.insert([self._history.appearance(a) for a in new_ids if a not in gone])
+            return {"problems": len(new_ids), "sequences": seqs, "tokens": tokens,
+                    "evicted": len(evicted)}
+
+    # ------------------------------------------------------------------ requests
+    def start_request(self, request_id: str, prompt_token_ids: Sequence[int] | np.ndarray,
+                      problem_key: int | None = None) -> None:
+        """Begin drafting for a request.
+
+        Args:
+            request_id: engine request id (any hashable str).
+            prompt_token_ids: 1-D prompt ids in ``[0, 2**31)``.
+            problem_key: explicit problem id; defaults to :func:`problem_key` of the prompt.
+
+        Raises:
+            ValueError: request already active, or invalid prompt ids.
+        """
+        prompt = _as_tokens(prompt_token_ids, "prompt_token_ids")
+        key = _problem_key(prompt) if problem_key is None else int(problem_key)
+        with self._lock:
+            self._live.start(request_id, prompt, key)
+            self._requests += 1
+
+    def extend_request(self, request_id: str, new_token_ids: Sequence[int] | np.ndarray) -> None:
+        """Append tokens just sampled/accepted for a request (its output grows).
+
+        Raises:
+            KeyError: unknown request. ValueError: invalid ids.
+        """
+        tokens = _as_tokens(new_token_ids, "new_token_ids").tolist()
+        with self._lock:
+            if request_id not in self._live:
+                raise KeyError(f"request {request_id!r} is not active (call start_request first)")
+            self._live.extend(request_id, tokens)
+
+    def stop_request(self, request_id: str) -> None:
+        """End a request (its output may stay visible to siblings until the next push).
+
+        Raises:
+            KeyError: unknown request.
+        """
+        with self._lock:
+            if request_id not in self._live:
+                raise KeyError(f"request {request_id!r} is not active")
+            self._live.stop(request_id)
+
+    @property
+    def active_requests(self) -> set[str]:
+        """Ids of requests started and not stopped (a new set)."""
+        with self._lock:
+            return self._live.request_ids
+
+    # ------------------------------------------------------------------ drafting
+    def propose(self, request_id: str, context: np.ndarray | Sequence[int], max_tokens: int) -> list[int]:
+        """Draft the next tokens of a request.
+
+        Args:
+            request_id: an active request.
+            context: the request's full context (prompt + output) or its tail; only the
+                last ``max_tree_depth`` tokens are used (int array or sequence of ints).
+            max_tokens: draft budget this round; the draft has at most
+                ``min(max_tokens, config.max_spec_tokens)`` tokens. ``<= 0`` -> ``[]``.
+
+        Returns:
+            Chain draft (list of int), possibly empty; cut where the evidence-adjusted
+            probability falls below ``min_token_prob``.
+
+        Raises:
+            KeyError: unknown request.
+        """
+        cfg = self.config
+        tail = context[-cfg.max_tree_depth:]
+        ctx = tail.tolist() if isinstance(tail, np.ndarray) else [int(t) for t in tail]
+        with self._lock:
+            if request_id not in self._live:
+                raise KeyError(f"request {request_id!r} is not active (call start_request first)")
+            k = min(int(max_tokens), cfg.max_spec_tokens)
+            if k <= 0:
+                return []
+            self._proposals += 1
+            key = self._live.problem_of(request_id)
+            cands = self._index.candidates(key, ctx, k) + self._live.candidates(request_id, ctx, k)
+            order = {s: i for i, s in enumerate(SOURCE_ORDER)}
+            cands.sort(key=lambda c: order[c.source])
+            best = choose(cands, cfg.evidence_pseudocount, cfg.match_len_pseudocount,
+                          cfg.min_token_prob)
+            if best is None:
+                return []
+            self._drafts += 1
+            self._draft_tokens += len(best.token_ids)
+            self._wins[best.source] += 1
+            return best.token_ids
+
+    # ------------------------------------------------------------------ bookkeeping
+    def stats(self) -> dict:
+        """History stats plus ``proposals`` (propose calls with a budget), ``drafts``
+        (non-empty drafts), ``draft_tokens``, ``requests`` (started), ``wins`` (dict
+        source -> winning drafts), and live/index sizes."""
+        with self._lock:
+            out = self._history.stats()
+            out.update(self._index.stats())
+            out.update(self._live.stats())
+            out.update(proposals=self._proposals, drafts=self._drafts,
+                       draft_tokens=self._draft_tokens, requests=self._requests,
+                       wins=dict(self._wins))
+            return out
+
+    def reset(self) -> None:
+        """Drop history, trees, live requests and counters (config kept)."""
+        with self._lock:
+            self.__init__(self.config)
+
+    def state_dict(self) -> dict:
+        """Persistable state: ``{"history": RolloutHistory.to_state(), "config": dict}``
+        (numpy arrays, ints, plain dicts; no pickled objects)."""
+        with self._lock:
+            return {"history": self._history.to_state(), "config": self.config.to_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Replace the history with a saved one and rebuild the trees.
+
+        The current config's ``window``/``history_token_budget`` apply (a smaller one
+        trims). Live requests are kept. Raises ``ValueError`` on a malformed state.
+        """
+        hist = RolloutHistory.from_state(state["history"], self.config.window,
+                                         self.config.history_token_budget)
+        index = HistoryIndex(self.config)
+        index.insert(list(hist.appearances()))
+        with self._lock:
+            self._history, self._index = hist, index

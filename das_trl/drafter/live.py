@@ -1,0 +1,221 @@
+"""Live (in-flight) sources: each request's local tree and its running siblings' outputs.
+
+* Local tree (as arctic's per-request prompt tree, extended with the request's own
+  output): models copy from their prompt and repeat themselves within one rollout.
+* Sibling trees (DAS: "a group's siblings share a prompt"): one tree per problem over the
+  live outputs of its requests, so a long-tail request can draft from siblings that are
+  ahead of it or already finished. A finished sibling's output stays visible until the
+  next ``add_rollouts`` for its problem brings it into the history (then it is removed,
+  so nothing is counted twice) or until ``max_lingering_finished`` pushes it out.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+from arctic_inference.suffix_decoding._C import SuffixTree
+
+from .arbitration import Candidate
+from .config import DrafterConfig
+from .support import gram_hash, gram_hashes
+
+
+@dataclass
+class _SiblingGroup:
+    tree: SuffixTree
+    counts: dict[int, int] = field(default_factory=dict)  # gram -> distinct sequences
+    grams: dict[int, set[int]] = field(default_factory=dict)  # seq id -> its distinct grams
+    running: int = 0
+    finished: set[int] = field(default_factory=set)
+    next_seq: int = 0
+
+
+@dataclass
+class _Request:
+    problem_key: int
+    local: SuffixTree | None
+    local_counts: dict[int, int]  # gram -> occurrences in prompt + output
+    tail: list[int]  # last g-1 tokens of prompt + output
+    sib_seq: int | None
+    sib_tail: list[int]  # last g-1 tokens of the sibling sequence
+    output_len: int = 0
+
+
+class LivePool:
+    """Per-request local trees and per-problem sibling trees.
+
+    Args:
+        config: the drafter config (``use_local_tree``, ``share_running_siblings``,
+            ``max_lingering_finished``, ``prompt_tail_tokens``, ``support_ngram``, ...).
+
+    Not thread-safe (the owner locks).
+    """
+
+    def __init__(self, config: DrafterConfig) -> None:
+        self.cfg = config
+        self._reqs: dict[str, _Request] = {}
+        self._groups: dict[int, _SiblingGroup] = {}
+        self._lingering: deque[tuple[int, int]] = deque()  # (problem_key, seq id), stop order
+
+    @property
+    def request_ids(self) -> set[str]:
+        """Ids of active requests (a new set)."""
+        return set(self._reqs)
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._reqs
+
+    def problem_of(self, request_id: str) -> int:
+        """Problem key of an active request. Raises ``KeyError`` if not active."""
+        return self._reqs[request_id].problem_key
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self, request_id: str, prompt: np.ndarray, problem_key: int) -> None:
+        """Register a request (prompt: 1-D int32). Raises ``ValueError`` if active."""
+        if request_id in self._reqs:
+            raise ValueError(f"request {request_id!r} is already active")
+        g = self.cfg.support_ngram
+        local, counts = None, {}
+        if self.cfg.use_local_tree:
+            local = SuffixTree(self.cfg.max_tree_depth)
+            local.extend_ndarray(0, prompt.copy())
+            hashes, occ = np.unique(gram_hashes(prompt, g), return_counts=True)
+            counts = dict(zip(hashes.tolist(), occ.tolist()))
+        req = _Request(problem_key, local, counts, prompt[-(g - 1):].tolist(), None, [])
+        if self.cfg.share_running_siblings:
+            grp = self._groups.get(problem_key)
+            if grp is None:
+                grp = self._groups[problem_key] = _SiblingGroup(SuffixTree(self.cfg.max_tree_depth))
+            req.sib_seq = grp.next_seq
+            grp.next_seq = (grp.next_seq + 1) & 0x7FFFFFFF
+            grp.running += 1
+            grp.grams[req.sib_seq] = set()
+            tail = prompt[-self.cfg.prompt_tail_tokens:] if self.cfg.prompt_tail_tokens else prompt[:0]
+            grp.tree.extend_ndarray(req.sib_seq, tail.copy())
+            self._count_sibling(grp, req, tail.tolist())
+        self._reqs[request_id] = req
+
+    def _count_sibling(self, grp: _SiblingGroup, req: _Request, tokens: list[int]) -> None:
+        g = self.cfg.support_ngram
+        mine = grp.grams[req.sib_seq]
+        window = req.sib_tail
+        for t in tokens:
+            window.append(t)
+            if len(window) > g:
+                del window[0]
+            if len(window) == g:
+                h = gram_hash(window)
+                if h not in mine:
+                    mine.add(h)
+                    grp.counts[h] = grp.counts.get(h, 0) + 1
+        del window[:-(g - 1)]
+
+    def extend(self, request_id: str, tokens: list[int]) -> None:
+        """Append sampled/accepted tokens to a request's output. ``KeyError`` if unknown."""
+        req = self._reqs[request_id]
+        if not tokens:
+            return
+        g = self.cfg.support_ngram
+        req.output_len += len(tokens)
+        if req.local is not None:
+            req.local.extend(0, tokens)
+            window = req.tail
+            for t in tokens:
+                window.append(t)
+                if len(window) >= g:
+                    h = gram_hash(window[-g:])
+                    req.local_counts[h] = req.local_counts.get(h, 0) + 1
+            del window[:-(g - 1)]
+        else:
+            req.tail = (req.tail + tokens)[-(g - 1):]
+        if req.sib_seq is not None:
+            grp = self._groups[req.problem_key]
+            grp.tree.extend(req.sib_seq, tokens)
+            self._count_sibling(grp, req, tokens)
+
+    def stop(self, request_id: str) -> None:
+        """Forget a request; its sibling output lingers (see module docstring).
+        Raises ``KeyError`` if unknown."""
+        req = self._reqs.pop(request_id)
+        if req.sib_seq is None:
+            return
+        grp = self._groups[req.problem_key]
+        grp.running -= 1
+        grp.finished.add(req.sib_seq)
+        self._lingering.append((req.problem_key, req.sib_seq))
+        if req.output_len == 0:
+            self._drop_sibling(req.problem_key, req.sib_seq)
+        while len(self._lingering) > self.cfg.max_lingering_finished:
+            self._drop_sibling(*self._lingering.popleft())
+
+    def _drop_sibling(self, problem_key: int, seq: int) -> None:
+        grp = self._groups.get(problem_key)
+        if grp is None or seq not in grp.finished:
+            return  # already released by add_rollouts
+        grp.finished.discard(seq)
+        grp.tree.remove(seq)
+        for h in grp.grams.pop(seq):
+            c = grp.counts[h] - 1
+            if c:
+                grp.counts[h] = c
+            else:
+                del grp.counts[h]
+        if grp.running == 0 and not grp.finished:
+            del self._groups[problem_key]
+
+    def release_finished(self, problem_key: int) -> int:
+        """Drop finished sibling outputs of a problem (its rollouts just entered the
+        history). Returns how many were dropped."""
+        grp = self._groups.get(problem_key)
+        if grp is None:
+            return 0
+        seqs = list(grp.finished)
+        for seq in seqs:
+            self._drop_sibling(problem_key, seq)
+        return len(seqs)
+
+    def clear(self) -> None:
+        """Forget all requests and sibling outputs."""
+        self._reqs.clear()
+        self._groups.clear()
+        self._lingering.clear()
+
+    # ------------------------------------------------------------------ drafting
+    def candidates(self, request_id: str, context: list[int], max_tokens: int) -> list[Candidate]:
+        """Drafts from the sibling tree and the local tree (in that order).
+
+        Support: siblings = other live/finished siblings containing the g-gram (own
+        sequence excluded); local = earlier occurrences of the g-gram in the request's
+        own prompt + output. ``KeyError`` if the request is unknown.
+        """
+        req = self._reqs[request_id]
+        cfg = self.cfg
+        g1 = cfg.support_ngram - 1
+        out = []
+        grp = self._groups.get(req.problem_key) if req.sib_seq is not None else None
+        if grp is not None and grp.tree.num_seqs() > 1:
+            d = grp.tree.speculate(context, max_tokens, cfg.max_spec_factor,
+                                   cfg.max_spec_offset, cfg.min_token_prob, False)
+            if d.token_ids and d.match_len >= cfg.min_match_len:
+                tokens = list(d.token_ids)
+                h = gram_hash(context[-g1:] + tokens[:1])
+                support = grp.counts.get(h, 0) - (h in grp.grams[req.sib_seq])
+                out.append(Candidate("siblings", tokens, list(d.probs), int(d.match_len), support))
+        if req.local is not None:
+            d = req.local.speculate(context, max_tokens, cfg.max_spec_factor,
+                                    cfg.max_spec_offset, cfg.min_token_prob, False)
+            if d.token_ids and d.match_len >= cfg.min_match_len:
+                tokens = list(d.token_ids)
+                support = req.local_counts.get(gram_hash(context[-g1:] + tokens[:1]), 0)
+                out.append(Candidate("local", tokens, list(d.probs), int(d.match_len), support))
+        return out
+
+    def stats(self) -> dict:
+        """``{active_requests, sibling_groups, lingering_finished}``."""
+        return {
+            "active_requests": len(self._reqs),
+            "sibling_groups": len(self._groups),
+            "lingering_finished": sum(len(g.finished) for g in self._groups.values()),
+        }

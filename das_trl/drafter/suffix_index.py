@@ -1,0 +1,145 @@
+"""Suffix trees over the rollout history: one per problem, plus one global tree.
+
+DAS (arXiv 2511.13841), "suffix-tree drafter": a problem's windowed history predicts
+its next rollouts; a global tree over all history is the fallback for problems with no
+history (first epoch). Trees are arctic-inference's C++ ``SuffixTree``; sequences enter
+and leave as appearances enter and leave the history window (``remove(seq_id)``).
+Each tree sequence is ``prompt_tail + completion`` so that the first output tokens,
+whose context is the prompt's end, can be drafted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from arctic_inference.suffix_decoding._C import SuffixTree
+
+from .arbitration import Candidate
+from .config import DrafterConfig
+from .history import Appearance
+from .support import GLOBAL_SCOPE, SupportTable, scope_salt
+
+
+@dataclass
+class _Indexed:
+    app: Appearance
+    seq_ids: list[int]
+
+
+class HistoryIndex:
+    """Per-problem and global suffix trees plus support counts over the history.
+
+    Args:
+        config: the drafter config (``max_tree_depth``, ``use_problem_tree``,
+            ``use_global_tree``, ``support_ngram``, ``support_table_bits``,
+            speculation limits).
+
+    Cost: inserting a token costs O(max_tree_depth) in each tree it enters (problem and
+    global), so about 2x arctic's single-tree cost. Not thread-safe (caller locks).
+    """
+
+    def __init__(self, config: DrafterConfig) -> None:
+        self.cfg = config
+        self._problem_trees: dict[int, SuffixTree] = {}
+        self._global = SuffixTree(config.max_tree_depth) if config.use_global_tree else None
+        self._support = SupportTable(config.support_table_bits)
+        self._apps: dict[int, _Indexed] = {}
+        self._next_seq = 0
+
+    def _sequences(self, app: Appearance) -> list[np.ndarray]:
+        # Fresh writeable int32 arrays: arctic's extend_ndarray rejects read-only input.
+        tail = app.prompt_tail[-self.cfg.prompt_tail_tokens:] if self.cfg.prompt_tail_tokens \
+            else app.prompt_tail[:0]
+        return [np.concatenate([tail, c]).astype(np.int32, copy=False) for c in app.completions]
+
+    def _keys(self, app: Appearance, seqs: list[np.ndarray]) -> np.ndarray:
+        salts = []
+        if self.cfg.use_problem_tree:
+            salts.append(scope_salt(app.problem_key))
+        if self.cfg.use_global_tree:
+            salts.append(GLOBAL_SCOPE)
+        if not salts:
+            return np.zeros(0, np.uint64)
+        keys = [SupportTable.sequence_keys(s, self.cfg.support_ngram, salts) for s in seqs]
+        return np.concatenate(keys) if keys else np.zeros(0, np.uint64)
+
+    def insert(self, apps: list[Appearance]) -> None:
+        """Add appearances (already in the history) to the trees and support counts."""
+        all_keys = []
+        for app in apps:
+            seqs = self._sequences(app)
+            seq_ids = []
+            tree = None
+            if self.cfg.use_problem_tree:
+                tree = self._problem_trees.get(app.problem_key)
+                if tree is None:
+                    tree = self._problem_trees[app.problem_key] = SuffixTree(self.cfg.max_tree_depth)
+            for seq in seqs:
+                sid = self._next_seq
+                self._next_seq = (self._next_seq + 1) & 0x7FFFFFFF  # arctic ids are int32
+                seq_ids.append(sid)
+                if tree is not None:
+                    tree.extend_ndarray(sid, seq)
+                if self._global is not None:
+                    self._global.extend_ndarray(sid, seq)
+            self._apps[app.appearance_id] = _Indexed(app, seq_ids)
+            all_keys.append(self._keys(app, seqs))
+        if all_keys:
+            self._support.add(np.concatenate(all_keys), +1)
+
+    def remove(self, appearance_ids: list[int]) -> None:
+        """Remove appearances (by id) from trees and counts; unknown ids are ignored."""
+        all_keys = []
+        for app_id in appearance_ids:
+            entry = self._apps.pop(app_id, None)
+            if entry is None:
+                continue
+            tree = self._problem_trees.get(entry.app.problem_key)
+            for sid in entry.seq_ids:
+                if tree is not None:
+                    tree.remove(sid)
+                if self._global is not None:
+                    self._global.remove(sid)
+            if tree is not None and tree.num_seqs() == 0:
+                del self._problem_trees[entry.app.problem_key]
+            all_keys.append(self._keys(entry.app, self._sequences(entry.app)))
+        if all_keys:
+            self._support.add(np.concatenate(all_keys), -1)
+
+    def candidates(self, problem_key: int, context: list[int], max_tokens: int) -> list[Candidate]:
+        """Drafts from the problem tree and the global tree (in that order).
+
+        Args:
+            problem_key: the request's problem.
+            context: tail of the request's context (list of int, <= max_tree_depth).
+            max_tokens: draft cap for this round (int >= 1).
+
+        Returns:
+            Non-empty candidates with ``support`` filled; not yet evaluated.
+        """
+        out = []
+        cfg = self.cfg
+        g1 = cfg.support_ngram - 1
+        sources = []
+        if cfg.use_problem_tree and problem_key in self._problem_trees:
+            sources.append(("problem", self._problem_trees[problem_key], scope_salt(problem_key)))
+        if self._global is not None:
+            sources.append(("global", self._global, GLOBAL_SCOPE))
+        for name, tree, salt in sources:
+            d = tree.speculate(context, max_tokens, cfg.max_spec_factor, cfg.max_spec_offset,
+                               cfg.min_token_prob, False)
+            if not d.token_ids or d.match_len < cfg.min_match_len:
+                continue
+            tokens = list(d.token_ids)
+            support = self._support.count(context[-g1:] + tokens[:1], salt)
+            out.append(Candidate(name, tokens, list(d.probs), int(d.match_len), support))
+        return out
+
+    def stats(self) -> dict:
+        """``{problem_trees, global_seqs, support_table_bytes}``."""
+        return {
+            "problem_trees": len(self._problem_trees),
+            "global_seqs": self._global.num_seqs() if self._global is not None else 0,
+            "support_table_bytes": self._support.nbytes,
+        }

@@ -1,0 +1,193 @@
+import numpy as np
+import pytest
+
+from conftest import make_drafter
+from das_trl.drafter import problem_key
+from das_trl.drafter.support import scope_salt
+
+
+def rand_seq(rng, n, lo=1000, hi=30000):
+    return rng.integers(lo, hi, n).tolist()
+
+
+def test_propose_continues_problem_history(rng):
+    d = make_drafter()
+    prompt = rand_seq(rng, 40)
+    comp = rand_seq(rng, 200)
+    d.add_rollouts([prompt] * 4, [comp] * 4)
+    d.start_request("r", prompt)
+    # First round: context is the prompt only; the prompt tail stored with history matches.
+    assert d.propose("r", np.asarray(prompt), 8) == comp[:8]
+    d.extend_request("r", comp[:50])
+    assert d.propose("r", prompt + comp[:50], 16) == comp[50:66]
+    assert d.stats()["wins"]["problem"] == 2
+
+
+def test_global_fallback_for_unseen_problem(rng):
+    d = make_drafter()
+    shared = rand_seq(rng, 60)  # a pattern every problem's completions contain
+    prompts = [rand_seq(rng, 30) for _ in range(8)]
+    comps = [rand_seq(rng, 20) + shared + rand_seq(rng, 20) for _ in prompts]
+    d.add_rollouts(prompts, comps)
+    new_prompt = rand_seq(rng, 30)
+    d.start_request("new", new_prompt)
+    out = d.propose("new", new_prompt + shared[:10], 8)
+    assert out == shared[10:18]
+    assert d.stats()["wins"]["global"] == 1
+
+
+def test_local_tree_drafts_from_own_repetition(rng):
+    d = make_drafter(share_running_siblings=False)
+    prompt = rand_seq(rng, 20)
+    phrase = rand_seq(rng, 30)
+    noise = rand_seq(rng, 5)
+    d.start_request("r", prompt)
+    d.extend_request("r", phrase + noise + phrase[:8])
+    out = d.propose("r", prompt + phrase + noise + phrase[:8], 8)
+    assert out == phrase[8:16]
+    # Without the local tree nothing is known about this text.
+    d2 = make_drafter(share_running_siblings=False, use_local_tree=False)
+    d2.start_request("r", prompt)
+    d2.extend_request("r", phrase + noise + phrase[:8])
+    assert d2.propose("r", prompt + phrase + noise + phrase[:8], 8) == []
+
+
+def test_running_siblings_see_each_other_and_are_not_double_counted(rng):
+    d = make_drafter()
+    prompt = rand_seq(rng, 30)
+    text = rand_seq(rng, 100)
+    d.start_request("a", prompt)
+    d.start_request("b", prompt)
+    d.extend_request("a", text[:80])
+    d.extend_request("b", text[:10])
+    assert d.propose("b", prompt + text[:10], 8) == text[10:18]
+    assert d.stats()["wins"]["siblings"] == 1
+    # Finished sibling stays visible until its rollouts are pushed ...
+    d.stop_request("a")
+    assert d.propose("b", prompt + text[:20], 8) == text[20:28]
+    assert d.stats()["lingering_finished"] == 1
+    # ... then it lives in the history only (problem tree), not twice.
+    d.add_rollouts([prompt], [text[:80]])
+    assert d.stats()["lingering_finished"] == 0
+    assert d._index._support.count(text[28:31], scope_salt(problem_key(prompt))) == 1
+    assert d.propose("b", prompt + text[:30], 8) == text[30:38]
+    assert d.stats()["wins"]["problem"] == 1
+
+
+def test_siblings_off_hides_them(rng):
+    d = make_drafter(share_running_siblings=False)
+    prompt, text = rand_seq(rng, 30), rand_seq(rng, 100)
+    d.start_request("a", prompt)
+    d.start_request("b", prompt)
+    d.extend_request("a", text[:80])
+    assert d.propose("b", prompt + text[:10], 8) == []
+
+
+@pytest.mark.parametrize("bad", [[-1, 5], [2**31], [1.5, 2.0], ["x"], [True, 3], [[1, 2]]])
+def test_invalid_rollouts_raise_and_leave_history_unchanged(rng, bad):
+    d = make_drafter()
+    prompt = rand_seq(rng, 10)
+    d.add_rollouts([prompt], [rand_seq(rng, 50)])
+    before = d.stats()
+    with pytest.raises(ValueError):
+        # A valid rollout first: it must not be applied either.
+        d.add_rollouts([prompt, prompt], [rand_seq(rng, 50), bad])
+    with pytest.raises(ValueError):
+        d.add_rollouts([bad, prompt], [[1, 2, 3], [4, 5]])
+    with pytest.raises(ValueError):
+        d.add_rollouts([prompt], [[1, 2]], problem_keys=[-3])
+    with pytest.raises(ValueError):
+        d.add_rollouts([prompt], [[1, 2], [3]])
+    assert d.stats() == before
+
+
+def test_empty_completions_ignored(rng):
+    d = make_drafter()
+    p = rand_seq(rng, 10)
+    out = d.add_rollouts([p, p, rand_seq(rng, 10)], [[], rand_seq(rng, 20), []])
+    assert out == {"problems": 1, "sequences": 1, "tokens": 20, "evicted": 0}
+    assert d.stats()["appearances"] == 1
+
+
+def test_max_tokens_caps(rng):
+    d = make_drafter(max_spec_tokens=5)
+    prompt, comp = rand_seq(rng, 40), rand_seq(rng, 200)
+    d.add_rollouts([prompt] * 4, [comp] * 4)
+    d.start_request("r", prompt)
+    ctx = prompt + comp[:60]
+    assert d.propose("r", ctx, 3) == comp[60:63]
+    assert d.propose("r", ctx, 100) == comp[60:65]
+    assert d.propose("r", ctx, 0) == []
+    assert d.propose("r", ctx, -2) == []
+
+
+def test_unknown_request_and_lifecycle_errors(rng):
+    d = make_drafter()
+    with pytest.raises(KeyError, match="not active"):
+        d.propose("nope", [1, 2, 3], 4)
+    with pytest.raises(KeyError):
+        d.extend_request("nope", [1])
+    with pytest.raises(KeyError):
+        d.stop_request("nope")
+    d.start_request("r", [1, 2, 3])
+    with pytest.raises(ValueError):
+        d.start_request("r", [1, 2, 3])
+    assert d.active_requests == {"r"}
+    d.stop_request("r")
+    assert d.active_requests == set()
+    d.reset()
+    assert d.stats()["requests"] == 0
+
+
+def test_explicit_problem_keys_group_rollouts(rng):
+    d = make_drafter()
+    comp = rand_seq(rng, 100)
+    # Different prompts, same explicit problem: one appearance, and a request with that
+    # key drafts from it even though its prompt differs.
+    d.add_rollouts([rand_seq(rng, 10), rand_seq(rng, 10)], [comp, comp], problem_keys=[42, 42])
+    assert d.stats()["appearances"] == 1
+    d.start_request("r", rand_seq(rng, 10), problem_key=42)
+    assert d.propose("r", rand_seq(rng, 5) + comp[:30], 6) == comp[30:36]
+    assert d.stats()["wins"]["problem"] == 1
+
+
+def _fill(d, rng, prompts, vocab, steps):
+    for _ in range(steps):
+        comps = [[int(t) for t in rng.choice(vocab, 300)] for _ in range(4 * len(prompts))]
+        d.add_rollouts([p for p in prompts for _ in range(4)], comps)
+
+
+def _proposals(d, queries):
+    for i, (p, _) in enumerate(queries):
+        d.start_request(str(i), p)
+    return [d.propose(str(i), p + c, 16) for i, (p, c) in enumerate(queries)]
+
+
+@pytest.mark.parametrize("steps,expect_evictions", [(2, False), (5, True)])
+def test_state_dict_round_trip_gives_identical_proposals(rng, tmp_path, steps, expect_evictions):
+    cfg = dict(window=3, history_token_budget=20_000)
+    d = make_drafter(**cfg)
+    prompts = [rand_seq(rng, 20) for _ in range(6)]
+    vocab = rng.integers(1000, 1100, 50)  # small vocabulary: branching and partial probs
+    _fill(d, rng, prompts, vocab, steps)
+    assert (d.stats()["evicted_appearances"] > 0) == expect_evictions
+    np.savez(tmp_path / "s.npz", **d.state_dict()["history"])
+    d2 = make_drafter(**cfg)
+    d2.load_state_dict({"history": dict(np.load(tmp_path / "s.npz"))})
+    s1, s2 = d.stats(), d2.stats()
+    for k in ("problems", "appearances", "sequences", "tokens", "evicted_appearances", "global_seqs"):
+        assert s1[k] == s2[k], k
+    queries = [(prompts[i % 6], [int(t) for t in rng.choice(vocab, 40)]) for i in range(60)]
+    if expect_evictions:
+        # arctic orders equally frequent children by insertion/removal history, so after
+        # evictions the reference is a drafter that only ever saw the surviving history.
+        ref = make_drafter(**cfg)
+        for app in d._history.appearances():
+            n = len(app.completions)
+            ref.add_rollouts([app.prompt_tail.tolist()] * n, app.completions,
+                             problem_keys=[app.problem_key] * n)
+        assert ref.stats()["evicted_appearances"] == 0
+        d = ref
+    outs1, outs2 = _proposals(d, queries), _proposals(d2, queries)
+    assert sum(map(len, outs1)) > 0
+    assert outs1 == outs2
