@@ -71,12 +71,12 @@ class DASDrafter:
     def __init__(self, config: DrafterConfig | None = None) -> None:
         self.config = config if config is not None else DrafterConfig()
         self._lock = threading.RLock()
+        self._clear()
+
+    def _clear(self) -> None:
         self._history = RolloutHistory(self.config.window, self.config.history_token_budget)
         self._index = HistoryIndex(self.config)
         self._live = LivePool(self.config)
-        self._reset_counters()
-
-    def _reset_counters(self) -> None:
         self._proposals = 0
         self._drafts = 0
         self._draft_tokens = 0
@@ -248,8 +248,8 @@ class DASDrafter:
 
     def reset(self) -> None:
         """Drop history, trees, live requests and counters (config kept)."""
-        with self._lock:
-            self.__init__(self.config)
+        with self._lock:  # keep the lock object: other threads may be waiting on it
+            self._clear()
 
     def state_dict(self) -> dict:
         """Persistable state: ``{"history": RolloutHistory.to_state(), "config": dict}``

@@ -7,6 +7,9 @@
   ahead of it or already finished. A finished sibling's output stays visible until the
   next ``add_rollouts`` for its problem brings it into the history (then it is removed,
   so nothing is counted twice) or until ``max_lingering_finished`` pushes it out.
+
+Support counts here live only in this process, so they are dicts keyed by token tuples
+(fast, exact); history counts use the numpy table of ``support.py``.
 """
 
 from __future__ import annotations
@@ -19,14 +22,13 @@ from arctic_inference.suffix_decoding._C import SuffixTree
 
 from .arbitration import Candidate
 from .config import DrafterConfig
-from .support import gram_hash, gram_hashes
 
 
 @dataclass
 class _SiblingGroup:
     tree: SuffixTree
-    counts: dict[int, int] = field(default_factory=dict)  # gram -> distinct sequences
-    grams: dict[int, set[int]] = field(default_factory=dict)  # seq id -> its distinct grams
+    counts: dict[tuple, int] = field(default_factory=dict)  # gram -> distinct sequences
+    grams: dict[int, set[tuple]] = field(default_factory=dict)  # seq id -> its distinct grams
     running: int = 0
     finished: set[int] = field(default_factory=set)
     next_seq: int = 0
@@ -36,7 +38,7 @@ class _SiblingGroup:
 class _Request:
     problem_key: int
     local: SuffixTree | None
-    local_counts: dict[int, int]  # gram -> occurrences in prompt + output
+    local_counts: dict[tuple, int]  # gram -> occurrences in prompt + output
     tail: list[int]  # last g-1 tokens of prompt + output
     sib_seq: int | None
     sib_tail: list[int]  # last g-1 tokens of the sibling sequence
@@ -81,8 +83,10 @@ class LivePool:
         if self.cfg.use_local_tree:
             local = SuffixTree(self.cfg.max_tree_depth)
             local.extend_ndarray(0, prompt.copy())
-            hashes, occ = np.unique(gram_hashes(prompt, g), return_counts=True)
-            counts = dict(zip(hashes.tolist(), occ.tolist()))
+            p = prompt.tolist()
+            for i in range(len(p) - g + 1):
+                gram = tuple(p[i:i + g])
+                counts[gram] = counts.get(gram, 0) + 1
         req = _Request(problem_key, local, counts, prompt[-(g - 1):].tolist(), None, [])
         if self.cfg.share_running_siblings:
             grp = self._groups.get(problem_key)
@@ -106,7 +110,7 @@ class LivePool:
             if len(window) > g:
                 del window[0]
             if len(window) == g:
-                h = gram_hash(window)
+                h = tuple(window)
                 if h not in mine:
                     mine.add(h)
                     grp.counts[h] = grp.counts.get(h, 0) + 1
@@ -125,7 +129,7 @@ class LivePool:
             for t in tokens:
                 window.append(t)
                 if len(window) >= g:
-                    h = gram_hash(window[-g:])
+                    h = tuple(window[-g:])
                     req.local_counts[h] = req.local_counts.get(h, 0) + 1
             del window[:-(g - 1)]
         else:
@@ -200,7 +204,7 @@ class LivePool:
                                    cfg.max_spec_offset, cfg.min_token_prob, False)
             if d.token_ids and d.match_len >= cfg.min_match_len:
                 tokens = list(d.token_ids)
-                h = gram_hash(context[-g1:] + tokens[:1])
+                h = tuple(context[-g1:] + tokens[:1])
                 support = grp.counts.get(h, 0) - (h in grp.grams[req.sib_seq])
                 out.append(Candidate("siblings", tokens, list(d.probs), int(d.match_len), support))
         if req.local is not None:
@@ -208,7 +212,7 @@ class LivePool:
                                     cfg.max_spec_offset, cfg.min_token_prob, False)
             if d.token_ids and d.match_len >= cfg.min_match_len:
                 tokens = list(d.token_ids)
-                support = req.local_counts.get(gram_hash(context[-g1:] + tokens[:1]), 0)
+                support = req.local_counts.get(tuple(context[-g1:] + tokens[:1]), 0)
                 out.append(Candidate("local", tokens, list(d.probs), int(d.match_len), support))
         return out
 

@@ -10,8 +10,8 @@ sequences contain it. A candidate's support is the count of the g-gram
 * History sources (per-problem and global) use :class:`SupportTable`, a 2-row
   count-min table of int32 counters updated with vectorized numpy (hash collisions can
   only over-count, never under-count).
-* Live sources (local request text, running siblings) use plain dicts updated per
-  token (:func:`gram_hash`), exact up to 64-bit hash collisions.
+* Live sources (local request text, running siblings) use plain dicts keyed by token
+  tuples, updated per token (``live.py``).
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ class SupportTable:
             return
         size = 1 << self.bits
         for row, idx in zip(self._rows, self._index(keys)):
-            if len(idx) * 8 > size:
+            if len(idx) * 64 > size:  # np.add.at costs ~0.2 us/key; bincount ~4 ns/bin
                 row += (sign * np.bincount(idx, minlength=size)).astype(np.int32)
             else:
                 np.add.at(row, idx, sign)

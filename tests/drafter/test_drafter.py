@@ -191,3 +191,39 @@ def test_state_dict_round_trip_gives_identical_proposals(rng, tmp_path, steps, e
     outs1, outs2 = _proposals(d, queries), _proposals(d2, queries)
     assert sum(map(len, outs1)) > 0
     assert outs1 == outs2
+
+
+def test_lingering_finished_siblings_are_capped(rng):
+    d = make_drafter(max_lingering_finished=2)
+    prompt = rand_seq(rng, 10)
+    for i in range(5):
+        d.start_request(str(i), prompt)
+        d.extend_request(str(i), rand_seq(rng, 20))
+        d.stop_request(str(i))
+    assert d.stats()["lingering_finished"] == 2
+
+
+def test_add_rollouts_from_another_thread_while_proposing(rng):
+    import threading
+
+    d = make_drafter()
+    prompt, comp = rand_seq(rng, 20), rand_seq(rng, 300)
+    d.add_rollouts([prompt] * 2, [comp] * 2)
+    d.start_request("r", prompt)
+    batches = [([rand_seq(rng, 20)] * 4, [rand_seq(rng, 200) for _ in range(4)]) for _ in range(20)]
+    errors = []
+
+    def push():
+        try:
+            for ps, cs in batches:
+                d.add_rollouts(ps, cs)
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    t = threading.Thread(target=push)
+    t.start()
+    outs = [d.propose("r", prompt + comp[:50], 8) for _ in range(200)]
+    t.join()
+    assert not errors
+    assert all(o == comp[50:58] for o in outs)
+    assert d.stats()["appearances"] == 21
