@@ -31,6 +31,10 @@ class DrafterConfig:
         use_problem_tree: per-problem tree over the problem's windowed history.
         use_global_tree: one tree over all history completions (fallback for problems
             without history, e.g. the first epoch).
+        global_samples_per_appearance: only the first this-many completions of each
+            appearance enter the global tree (0 = all). The global tree is for patterns
+            shared across problems; it does not need every sibling, and it is the
+            largest tree, so this bounds the main cost of ``add_rollouts``.
         use_local_tree: per-request tree over its prompt and its own output so far.
         share_running_siblings: running (and finished, not yet pushed) siblings of
             the same problem see each other's outputs.
@@ -60,6 +64,7 @@ class DrafterConfig:
     min_match_len: int = 1
     use_problem_tree: bool = True
     use_global_tree: bool = True
+    global_samples_per_appearance: int = 4
     use_local_tree: bool = True
     share_running_siblings: bool = True
     max_lingering_finished: int = 4096
@@ -78,7 +83,8 @@ class DrafterConfig:
             value = getattr(self, name)
             need(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
                  f"{name} must be an int >= 1, got {value!r}")
-        for name in ("prompt_tail_tokens", "max_lingering_finished"):
+        for name in ("prompt_tail_tokens", "max_lingering_finished",
+                     "global_samples_per_appearance"):
             value = getattr(self, name)
             need(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
                  f"{name} must be an int >= 0, got {value!r}")

@@ -35,8 +35,9 @@ class HistoryIndex:
             ``use_global_tree``, ``support_ngram``, ``support_table_bits``,
             speculation limits).
 
-    Cost: inserting a token costs O(max_tree_depth) in each tree it enters (problem and
-    global), so about 2x arctic's single-tree cost. Not thread-safe (caller locks).
+    Cost: inserting a token costs O(max_tree_depth) in each tree it enters; every
+    completion enters its problem tree, ``global_samples_per_appearance`` of each
+    appearance also enter the global tree. Not thread-safe (caller locks).
     """
 
     def __init__(self, config: DrafterConfig) -> None:
@@ -53,15 +54,22 @@ class HistoryIndex:
             else app.prompt_tail[:0]
         return [np.concatenate([tail, c]).astype(np.int32, copy=False) for c in app.completions]
 
+    def _global_count(self, app: Appearance) -> int:
+        if self._global is None:
+            return 0
+        k = self.cfg.global_samples_per_appearance
+        return len(app.completions) if k == 0 else min(k, len(app.completions))
+
     def _keys(self, app: Appearance, seqs: list[np.ndarray]) -> np.ndarray:
-        salts = []
-        if self.cfg.use_problem_tree:
-            salts.append(scope_salt(app.problem_key))
-        if self.cfg.use_global_tree:
-            salts.append(GLOBAL_SCOPE)
-        if not salts:
-            return np.zeros(0, np.uint64)
-        keys = [SupportTable.sequence_keys(s, self.cfg.support_ngram, salts) for s in seqs]
+        # Support keys mirror tree contents: problem scope for every sequence of the
+        # appearance, global scope only for those that entered the global tree.
+        n_global = self._global_count(app)
+        problem = [scope_salt(app.problem_key)] if self.cfg.use_problem_tree else []
+        keys = []
+        for i, seq in enumerate(seqs):
+            salts = problem + ([GLOBAL_SCOPE] if i < n_global else [])
+            if salts:
+                keys.append(SupportTable.sequence_keys(seq, self.cfg.support_ngram, salts))
         return np.concatenate(keys) if keys else np.zeros(0, np.uint64)
 
     def insert(self, apps: list[Appearance]) -> None:
@@ -69,19 +77,20 @@ class HistoryIndex:
         all_keys = []
         for app in apps:
             seqs = self._sequences(app)
+            n_global = self._global_count(app)
             seq_ids = []
             tree = None
             if self.cfg.use_problem_tree:
                 tree = self._problem_trees.get(app.problem_key)
                 if tree is None:
                     tree = self._problem_trees[app.problem_key] = SuffixTree(self.cfg.max_tree_depth)
-            for seq in seqs:
+            for i, seq in enumerate(seqs):
                 sid = self._next_seq
                 self._next_seq = (self._next_seq + 1) & 0x7FFFFFFF  # arctic ids are int32
                 seq_ids.append(sid)
                 if tree is not None:
                     tree.extend_ndarray(sid, seq)
-                if self._global is not None:
+                if i < n_global:
                     self._global.extend_ndarray(sid, seq)
             self._apps[app.appearance_id] = _Indexed(app, seq_ids)
             all_keys.append(self._keys(app, seqs))
@@ -96,10 +105,11 @@ class HistoryIndex:
             if entry is None:
                 continue
             tree = self._problem_trees.get(entry.app.problem_key)
-            for sid in entry.seq_ids:
+            n_global = self._global_count(entry.app)
+            for i, sid in enumerate(entry.seq_ids):
                 if tree is not None:
                     tree.remove(sid)
-                if self._global is not None:
+                if i < n_global:
                     self._global.remove(sid)
             if tree is not None and tree.num_seqs() == 0:
                 del self._problem_trees[entry.app.problem_key]

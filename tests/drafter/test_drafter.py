@@ -227,3 +227,22 @@ def test_add_rollouts_from_another_thread_while_proposing(rng):
     assert not errors
     assert all(o == comp[50:58] for o in outs)
     assert d.stats()["appearances"] == 21
+
+
+def test_global_tree_takes_a_subset_of_each_appearance(rng):
+    d = make_drafter(global_samples_per_appearance=1)
+    p = rand_seq(rng, 10)
+    d.add_rollouts([p] * 4, [rand_seq(rng, 30) for _ in range(4)])
+    assert d.stats()["global_seqs"] == 1 and d.stats()["sequences"] == 4
+    d.add_rollouts([p] * 4, [rand_seq(rng, 30) for _ in range(4)])  # removal path stays consistent
+    assert make_drafter(global_samples_per_appearance=0).config.global_samples_per_appearance == 0
+
+
+@pytest.mark.parametrize("bad", [dict(window=0), dict(max_spec_tokens=-1), dict(min_token_prob=1.5),
+                                 dict(support_ngram=1), dict(evidence_pseudocount=0.0),
+                                 dict(support_table_bits=40), dict(global_samples_per_appearance=-1)])
+def test_config_validation(bad):
+    from das_trl.drafter import DrafterConfig
+
+    with pytest.raises(ValueError, match="DrafterConfig"):
+        DrafterConfig(**bad)
