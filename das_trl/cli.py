@@ -1,0 +1,34 @@
+"""The ``das-trl`` command: ``serve`` (a vLLM server running DAS) and ``prepare-model`` (the embedded default)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``das-trl``; returns the process exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="das-trl", description="DAS speculative rollouts for TRL GRPO training")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("serve", help="start a vLLM OpenAI server running the DAS drafter (extra args go to vLLM)",
+                   add_help=False)
+    prep = sub.add_parser("prepare-model", help="convert the embedded SmolLM2-135M-Instruct once; print its path")
+    prep.add_argument("--cache-dir", default=None)
+    prep.add_argument("--force", action="store_true")
+    if argv and argv[0] == "serve":
+        from das_trl.vllm.serve import main as serve_main
+
+        return serve_main(argv[1:])
+    args = parser.parse_args(argv)
+    if args.command == "prepare-model":
+        from das_trl.defaults.model import prepare_default_model
+
+        print(prepare_default_model(args.cache_dir, force=args.force))
+        return 0
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

