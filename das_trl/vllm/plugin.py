@@ -1,5 +1,19 @@
 """vLLM general plugin (entry point group ``vllm.general_plugins``), loaded by vLLM in every process it starts."""
 
+import logging
+
+logger = logging.getLogger("vllm.das_trl.plugin")
+
 
 def register() -> None:
-    """Called by vLLM's plugin loader; work is filled in by the CPU sampling fix (see cpu_sampling_fix.py)."""
+    """Called by vLLM's plugin loader in every vLLM process (front end, engine core, workers).
+
+    Installs the CPU rejection-sampler fix (see :mod:`das_trl.vllm.cpu_sampling_fix`); never raises, so a problem
+    with the fix cannot stop vLLM from starting (it logs a warning instead).
+    """
+    try:
+        from das_trl.vllm.cpu_sampling_fix import install_fix
+
+        install_fix()
+    except Exception:  # noqa: BLE001 - a plugin must not break vLLM start-up
+        logger.warning("das_trl: could not install the CPU sampling fix", exc_info=True)
