@@ -113,8 +113,16 @@ class LocalDASEngine(DASEngine):
 
     def reload_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
         """Load training weights in place through vLLM's ``reload_weights`` (redoes the CPU build's weight
-        repacking, which TRL's direct ``load_weights`` push skips)."""
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(named_tensors)})
+        repacking, which TRL's direct ``load_weights`` push skips). Tensors are passed by reference, so the engine
+        must live in this process (TRL colocate mode: ``external_launcher``, or ``VLLM_ENABLE_V1_MULTIPROCESSING=0``).
+
+        Raises:
+            DASEngineError: a worker failed to load the weights.
+        """
+        result = self.llm.collective_rpc("das_reload_weights", kwargs={"weights_iterator": list(named_tensors)})
+        for reply in result:
+            if not reply.get("ok"):
+                raise DASEngineError(f"{self.name}: {reply.get('error')}")
         self.llm.reset_prefix_cache()
 
 
@@ -182,9 +190,15 @@ class HTTPDASEngine(DASEngine):
 
     def reload_weights_from_dir(self, weights_dir: str) -> None:
         """Reload weights in place from a safetensors directory the server can read (same machine)."""
-        body = {"method": "reload_weights", "args": [], "kwargs": {"weights_path": weights_dir}}
-        self._post("/collective_rpc", body)
+        self._das_call_kwargs("das_reload_weights", {"weights_path": weights_dir})
         self._post("/reset_prefix_cache")
+
+    def _das_call_kwargs(self, method: str, kwargs: dict[str, str]) -> list[dict[str, Any]]:
+        reply = self._post("/collective_rpc", {"method": method, "args": [], "kwargs": kwargs})
+        results = reply.get("results") if isinstance(reply, dict) else None
+        if not results or not all(isinstance(r, dict) and r.get("ok") for r in results):
+            raise DASEngineError(f"{self.name}: {method} failed: {results or reply}")
+        return results
 
     def reload_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
         """Write ``named_tensors`` to a temporary safetensors file and have the server reload from it.

@@ -81,6 +81,54 @@ class DASWorkerExtension:
             return _error(str(exc))
         return {"ok": True, "stats": proposer.stats()}
 
+    def das_reload_weights(self, weights_path: str = "", weights_iterator: Any = None) -> dict[str, Any]:
+        """Reload the model's weights in place (vLLM's ``reload_weights``), keeping tied embeddings tied.
+
+        vLLM's layerwise in-place reload gives ``embed_tokens`` a new parameter, leaving a tied ``lm_head`` on the old
+        one (seen on vLLM 0.32 CPU with SmolLM2: logits stayed those of the old embedding, 0.57-nat logprob errors).
+        After the reload the head is re-tied and re-processed (the CPU build prepacks its GEMM weights).
+
+        Args:
+            weights_path: directory with safetensors files (HTTP route: the server must see the trainer's files).
+            weights_iterator: in-process only: ``(name, torch.Tensor)`` pairs in checkpoint format.
+
+        Returns:
+            ``{"ok": True, "seconds": float, "retied_lm_head": bool}`` or ``{"ok": False, "error": ...}``.
+        """
+        if not weights_path and weights_iterator is None:
+            return _error("das_reload_weights needs weights_path or weights_iterator")
+        started = time.perf_counter()
+        try:
+            if weights_iterator is not None:
+                self.reload_weights(weights_iterator=weights_iterator)
+            else:
+                self.reload_weights(weights_path=weights_path)
+        except Exception as exc:  # noqa: BLE001 - report any loader failure to the caller, keep serving
+            logger.exception("weight reload failed")
+            return _error(f"weight reload failed: {type(exc).__name__}: {exc}")
+        return {"ok": True, "seconds": time.perf_counter() - started, "retied_lm_head": self._das_retie_lm_head()}
+
+    def _das_retie_lm_head(self) -> bool:
+        """Re-tie a tied ``lm_head`` to the reloaded embeddings and redo its post-load processing."""
+        model = self.model_runner.model
+        hf_config = self.vllm_config.model_config.hf_config
+        get_text_config = getattr(hf_config, "get_text_config", None)
+        text_config = get_text_config() if callable(get_text_config) else hf_config
+        if not getattr(text_config, "tie_word_embeddings", False):
+            return False
+        lm_head = getattr(model, "lm_head", None)
+        embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+        if lm_head is None or embed is None:
+            return False
+        if lm_head.weight is not embed.weight:
+            lm_head.weight = embed.weight
+        # The checkpoint has no lm_head tensor, so the reload never re-processed the head: on CPU builds its
+        # prepacked GEMM weights still hold the old embedding.
+        quant_method = getattr(lm_head, "quant_method", None)
+        if quant_method is not None and hasattr(quant_method, "process_weights_after_loading"):
+            quant_method.process_weights_after_loading(lm_head)
+        return True
+
     def das_detach(self) -> dict[str, Any]:
         """Stop drafting (the engine keeps serving without speculation proposals); history is kept."""
         proposer = self._das_proposer()
