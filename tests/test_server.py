@@ -1,0 +1,136 @@
+"""Server mode: ``das-trl serve`` (vLLM's OpenAI server + DAS), TRL's client, and DASGRPOTrainer over HTTP.
+
+Also: a plain vLLM server (dev mode, no DAS) is reported as "not a DAS engine" at trainer start, not as a hang.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = [pytest.mark.engine, pytest.mark.trainer]
+
+SERVER_ARGS = ["--dtype", "float32", "--max-model-len", "768", "--enforce-eager",
+               "--kv-cache-memory-bytes", str(512 * 1024**2)]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(command: list[str], port: int, env: dict | None = None):
+    from das_trl.vllm.serve import wait_for_server
+
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_server(f"http://127.0.0.1:{port}", process, timeout=600)
+    except Exception:
+        process.kill()
+        raise
+    return process
+
+
+def _stop(process) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
+@pytest.fixture(scope="module")
+def das_server(model_path):
+    port = _free_port()
+    command = [sys.executable, "-m", "das_trl.cli", "serve", "--model", model_path, "--port", str(port),
+               "--num-speculative-tokens", "8", *SERVER_ARGS]
+    process = _start(command, port)
+    from das_trl.vllm.client import HTTPDASEngine
+
+    engine = HTTPDASEngine(f"http://127.0.0.1:{port}")
+    # `das-trl serve` attaches after /health answers: wait for that too.
+    for _ in range(60):
+        if engine.stats().get("attached"):
+            break
+        import time
+
+        time.sleep(1)
+    yield f"http://127.0.0.1:{port}"
+    _stop(process)
+
+
+def test_serve_attaches_and_trl_client_generates_with_drafts(das_server, model_path):
+    import requests
+    from trl.generation.vllm_client import VLLMClient
+
+    from das_trl.vllm.client import HTTPDASEngine
+    from das_trl.vllm.metrics import parse_prometheus_spec_decode
+
+    engine = HTTPDASEngine(das_server)
+    assert engine.stats()["attached"] is True
+    client = VLLMClient(base_url=das_server, connection_timeout=10)
+    from transformers import AutoTokenizer
+
+    prompt = AutoTokenizer.from_pretrained(model_path).apply_chat_template(
+        [{"role": "user", "content": "List the even numbers from 2 to 30."}], add_generation_prompt=True,
+        tokenize=True, return_dict=False)
+    # TRL's request shape (logprobs=0, sampling): the CPU sampling fix keeps logprobs finite and JSON-safe.
+    out = client.generate([prompt], n=4, temperature=0.8, max_tokens=32, logprobs=0)
+    assert len(out["completion_ids"]) == 4 and all(len(c) > 0 for c in out["completion_ids"])
+    engine.add_history([prompt] * 4, out["completion_ids"])
+    greedy = client.generate([prompt], n=1, temperature=0.0, max_tokens=32, logprobs=0)
+    engine.add_history([prompt], greedy["completion_ids"])
+    again = client.generate([prompt], n=1, temperature=0.0, max_tokens=32, logprobs=0)
+    assert again["completion_ids"] == greedy["completion_ids"]
+    counters = parse_prometheus_spec_decode(requests.get(f"{das_server}/metrics", timeout=10).text)
+    assert counters["num_accepted_tokens"] > 0, counters
+
+
+def test_trainer_server_mode_two_steps(das_server, tmp_path, model_path):
+    from das_trl.defaults.data import load_reasoning_gym_dataset
+    from das_trl.defaults.rewards import DEFAULT_REWARD_FUNCS
+    from das_trl.trainer import DASGRPOConfig, DASGRPOTrainer
+    from das_trl.vllm.client import HTTPDASEngine
+
+    engine = HTTPDASEngine(das_server)
+    engine.reset("all")
+    args = DASGRPOConfig(
+        output_dir=str(tmp_path / "run"), use_vllm=True, vllm_mode="server", vllm_server_base_url=das_server,
+        num_generations=4, per_device_train_batch_size=8, max_completion_length=32, temperature=0.8,
+        learning_rate=1e-5, beta=0.0, max_steps=2, logging_steps=1, save_strategy="no", report_to="none",
+        seed=0, bf16=False, das_num_speculative_tokens=8,
+    )
+    trainer = DASGRPOTrainer(model=model_path, reward_funcs=DEFAULT_REWARD_FUNCS, args=args,
+                             train_dataset=load_reasoning_gym_dataset("gsm_symbolic", size=2, seed=0))
+    assert trainer.vllm_generation.weight_sync == "reload"  # CPU build: weights travel by file + reload
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "das/rollout_seconds" in h]
+    assert len(logs) == 2
+    assert logs[1]["das/accepted_tokens"] > 0
+    assert engine.stats()["history_sequences"] == 16
+
+
+def test_plain_vllm_server_is_reported_as_not_das(model_path, tmp_path):
+    from das_trl.defaults.data import load_reasoning_gym_dataset
+    from das_trl.defaults.rewards import DEFAULT_REWARD_FUNCS
+    from das_trl.trainer import DASGRPOConfig, DASGRPOTrainer
+    from das_trl.vllm.client import DASEngineError
+
+    port = _free_port()
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path,
+               "--host", "127.0.0.1", "--port", str(port), *SERVER_ARGS]
+    process = _start(command, port, env=dict(os.environ, VLLM_SERVER_DEV_MODE="1"))
+    try:
+        args = DASGRPOConfig(output_dir=str(tmp_path / "run"), use_vllm=True, vllm_mode="server",
+                             vllm_server_base_url=f"http://127.0.0.1:{port}", num_generations=4,
+                             per_device_train_batch_size=8, report_to="none", bf16=False)
+        with pytest.raises(DASEngineError, match="not a DAS engine|does not run the DAS drafter"):
+            DASGRPOTrainer(model=model_path, reward_funcs=DEFAULT_REWARD_FUNCS, args=args,
+                           train_dataset=load_reasoning_gym_dataset("gsm_symbolic", size=2, seed=0))
+    finally:
+        _stop(process)
