@@ -1,0 +1,493 @@
+"""Replay benchmark: draft a recorded later epoch given the earlier ones, verification round by round.
+
+Input: rollouts in the JSONL format of :mod:`das_trl.drafter.rollout_log` (the trainer's ``das_record_rollouts``
+or :mod:`das_trl.bench.record`). Epoch index = ``floor(record.epoch)``; by default every epoch but the last is
+history and the last is replayed.
+
+Simulation (hardware-independent; no model runs): the eval epoch's requests all start together and run as a
+continuous batch. Each engine step, every running request gets a draft from the drafter (budget: the drafter's
+own, or the :class:`~das_trl.drafter.policy.LengthPolicy`), the draft is accepted up to its first mismatch with the
+recorded completion, and the request emits accepted + 1 tokens (never past its recorded end). Running siblings see
+each other's outputs as of the previous step (DASDrafter's sibling visibility; arctic's active responses). A step
+costs ``t_fwd = c_base + c_tok * tokens_in_pass`` (ms; tokens = running requests + their draft tokens); the batch
+drains as requests finish.
+
+Drafters: ``none``; ``ngram`` (vLLM's prompt lookup: longest suffix n-gram in [min, max] of prompt + output,
+earliest occurrence, k tokens after it); ``suffix`` (vLLM 0.32's ``suffix`` method as shipped: arctic-inference
+``SuffixDecodingCache(max_tree_depth=24, max_cached_requests=10000)``, num_speculative_tokens 24,
+max_spec_factor 1.0, min_token_prob 0.1; earlier epochs' responses are fed in as cached requests); DAS ablations
+``das-problem`` (per-problem tree only), ``das+global`` (+ global and local trees), ``das+siblings`` (+ running
+siblings), ``das+policy`` (+ length policy, tiers mode), ``das+cost`` (+ length policy, cost mode).
+
+Metrics per drafter: tokens per verification round (emitted tokens / request-rounds), verification (draft)
+tokens per accepted draft token, forward passes per request (mean), tail forward passes (the most any request
+needed = the step count of the batch), and the simulated rollout time (ms).
+
+CLI::
+
+    python -m das_trl.bench.replay --rollouts FILE [--train-epochs 0,1,2] [--eval-epoch 3]
+        [--drafters none,ngram,suffix,das+policy] [--json OUT] [--plots DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from das_trl.drafter import DASDrafter, DrafterConfig
+from das_trl.drafter.policy import LengthPolicy, LengthPolicyConfig
+from das_trl.drafter.rollout_log import RolloutRecord, read_records
+
+ALL_DRAFTERS = ("none", "ngram", "suffix", "das-problem", "das+global", "das+siblings", "das+policy", "das+cost")
+DEFAULT_DRAFTERS = ALL_DRAFTERS
+
+# vLLM 0.32 defaults (vllm/config/speculative.py): suffix_decoding_max_tree_depth=24, max_cached_requests=10000,
+# max_spec_factor=1.0, min_token_prob=0.1; num_speculative_tokens defaults to max_tree_depth.
+SUFFIX_DEFAULTS = dict(max_tree_depth=24, max_cached_requests=10000, max_spec_factor=1.0, min_token_prob=0.1,
+                       num_speculative_tokens=24)
+
+
+# ---------------------------------------------------------------------------- drafters
+class Drafter:
+    """Replay-side drafter interface."""
+
+    name = "base"
+
+    def prepare(self, train_epochs: Sequence[list[RolloutRecord]]) -> None:
+        pass
+
+    def start(self, rid: str, rec: RolloutRecord) -> None:
+        pass
+
+    def extend(self, rid: str, tokens: list[int]) -> None:
+        pass
+
+    def stop(self, rid: str) -> None:
+        pass
+
+    def budgets(self, running: list[tuple[str, RolloutRecord, int]]) -> list[int]:
+        return [0] * len(running)
+
+    def propose(self, rid: str, context: np.ndarray, budget: int) -> list[int]:
+        return []
+
+    def feedback(self, drafted: int, accepted: int) -> None:
+        pass
+
+
+class NoDrafter(Drafter):
+    name = "none"
+
+
+def prompt_lookup(tokens: np.ndarray, min_n: int, max_n: int, k: int) -> list[int]:
+    """vLLM ``ngram`` proposal: longest n in [min_n, max_n] whose last-n-gram occurs earlier in ``tokens``; the k
+    tokens after its earliest occurrence."""
+    total = len(tokens)
+    if total < min_n or k <= 0:
+        return []
+    for n in range(min(max_n, total - 1), min_n - 1, -1):
+        if n <= 0:
+            break
+        pat = tokens[total - n:]
+        windows = np.lib.stride_tricks.sliding_window_view(tokens[:total - 1], n)
+        hits = np.nonzero((windows == pat).all(axis=1))[0]
+        if hits.size:
+            start = int(hits[0]) + n
+            return tokens[start:start + k].tolist()
+    return []
+
+
+class NgramDrafter(Drafter):
+    def __init__(self, min_n: int = 5, max_n: int = 5, k: int = 8) -> None:
+        self.name = "ngram"
+        self.min_n, self.max_n, self.k = min_n, max_n, k
+
+    def budgets(self, running):
+        return [self.k] * len(running)
+
+    def propose(self, rid, context, budget):
+        return prompt_lookup(context, self.min_n, self.max_n, budget)
+
+
+class SuffixDrafter(Drafter):
+    """vLLM's ``suffix`` method as shipped (arctic-inference SuffixDecodingCache, vLLM 0.32 defaults)."""
+
+    def __init__(self, **overrides) -> None:
+        from arctic_inference.suffix_decoding import SuffixDecodingCache
+
+        self.name = "suffix"
+        self.p = dict(SUFFIX_DEFAULTS, **overrides)
+        self.cache = SuffixDecodingCache(max_tree_depth=self.p["max_tree_depth"],
+                                         max_cached_requests=self.p["max_cached_requests"])
+
+    def prepare(self, train_epochs):
+        for e, recs in enumerate(train_epochs):
+            for i, r in enumerate(recs):
+                rid = f"hist-{e}-{i}"
+                self.cache.start_request(rid, np.asarray(r.prompt_ids, dtype=np.int32))
+                if r.completion_ids:
+                    self.cache.add_active_response(rid, r.completion_ids)
+                self.cache.stop_request(rid)
+
+    def start(self, rid, rec):
+        self.cache.start_request(rid, np.asarray(rec.prompt_ids, dtype=np.int32))
+
+    def extend(self, rid, tokens):
+        self.cache.add_active_response(rid, tokens)
+
+    def stop(self, rid):
+        self.cache.stop_request(rid)
+
+    def budgets(self, running):
+        return [self.p["num_speculative_tokens"]] * len(running)
+
+    def propose(self, rid, context, budget):
+        pattern = context[-self.p["max_tree_depth"]:]
+        draft = self.cache.speculate(rid, pattern, max_spec_tokens=budget, max_spec_factor=self.p["max_spec_factor"],
+                                     min_token_prob=self.p["min_token_prob"])
+        return list(draft.token_ids)
+
+
+class DASReplayDrafter(Drafter):
+    """DASDrafter fed one ``add_rollouts`` per history epoch (one appearance per problem), optional length policy."""
+
+    def __init__(self, name: str, config: DrafterConfig, policy: LengthPolicy | None = None,
+                 fixed_budget: int = 16) -> None:
+        self.name = name
+        self.d = DASDrafter(config)
+        self.policy = policy
+        self.fixed_budget = fixed_budget
+
+    def prepare(self, train_epochs):
+        for recs in train_epochs:
+            self.d.add_rollouts([r.prompt_ids for r in recs], [r.completion_ids for r in recs],
+                                problem_keys=[r.problem_key for r in recs])
+            if self.policy is not None:
+                lens: dict[int, list[int]] = defaultdict(list)
+                for r in recs:
+                    lens[r.problem_key].append(len(r.completion_ids))
+                for key, ls in lens.items():
+                    self.policy.observe(key, ls)
+        if self.policy is not None:
+            self.policy.new_step()
+
+    def start(self, rid, rec):
+        self.d.start_request(rid, rec.prompt_ids, problem_key=rec.problem_key)
+
+    def extend(self, rid, tokens):
+        self.d.extend_request(rid, tokens)
+
+    def stop(self, rid):
+        self.d.stop_request(rid)
+
+    def budgets(self, running):
+        if self.policy is None:
+            return [self.fixed_budget] * len(running)
+        return self.policy.budgets([(rec.problem_key, pos) for _, rec, pos in running], len(running))
+
+    def propose(self, rid, context, budget):
+        return self.d.propose(rid, context, budget)
+
+    def feedback(self, drafted, accepted):
+        if self.policy is not None:
+            self.policy.record_acceptance(drafted, accepted)
+
+
+def make_drafter(name: str, ngram=(5, 5, 8), policy_config: LengthPolicyConfig | None = None) -> Drafter:
+    """Build a replay drafter by name (one of :data:`ALL_DRAFTERS`)."""
+    if name == "none":
+        return NoDrafter()
+    if name == "ngram":
+        return NgramDrafter(*ngram)
+    if name == "suffix":
+        return SuffixDrafter()
+    pc = policy_config or LengthPolicyConfig()
+    if name == "das-problem":
+        return DASReplayDrafter(name, DrafterConfig(use_global_tree=False, use_local_tree=False,
+                                                    share_running_siblings=False))
+    if name == "das+global":
+        return DASReplayDrafter(name, DrafterConfig(share_running_siblings=False))
+    if name == "das+siblings":
+        return DASReplayDrafter(name, DrafterConfig())
+    if name == "das+policy":
+        pc = LengthPolicyConfig(**{**pc.to_dict(), "mode": "tiers"})
+        return DASReplayDrafter(name, DrafterConfig(max_spec_tokens=max(1, pc.max_budget)), LengthPolicy(pc))
+    if name == "das+cost":
+        pc = LengthPolicyConfig(**{**pc.to_dict(), "mode": "cost"})
+        return DASReplayDrafter(name, DrafterConfig(max_spec_tokens=max(1, pc.max_budget)), LengthPolicy(pc))
+    raise ValueError(f"unknown drafter {name!r}; choose from {', '.join(ALL_DRAFTERS)}")
+
+
+# ---------------------------------------------------------------------------- simulation
+@dataclass
+class ReplayResult:
+    name: str
+    requests: int
+    tokens: int
+    rounds: int                      # request-rounds (forward passes summed over requests)
+    draft_tokens: int
+    accepted_tokens: int
+    steps: int                       # engine steps until the batch drained (= tail forward passes)
+    sim_time_ms: float
+    passes: list[int] = field(repr=False, default_factory=list)    # per request
+    lengths: list[int] = field(repr=False, default_factory=list)   # per request
+    batch_trace: list[tuple[float, int]] = field(repr=False, default_factory=list)  # (t_ms at step start, running)
+    drafter_seconds: float = 0.0
+
+    @property
+    def tokens_per_round(self) -> float:
+        return self.tokens / max(1, self.rounds)
+
+    @property
+    def draft_per_accepted(self) -> float:
+        return self.draft_tokens / self.accepted_tokens if self.accepted_tokens else math.nan
+
+    @property
+    def mean_passes(self) -> float:
+        return float(np.mean(self.passes)) if self.passes else 0.0
+
+    def summary(self) -> dict:
+        return {"drafter": self.name, "requests": self.requests, "tokens": self.tokens, "rounds": self.rounds,
+                "tokens_per_round": self.tokens_per_round, "draft_tokens": self.draft_tokens,
+                "accepted_tokens": self.accepted_tokens, "draft_per_accepted": self.draft_per_accepted,
+                "mean_passes": self.mean_passes, "tail_passes": self.steps, "sim_time_ms": self.sim_time_ms,
+                "drafter_seconds": self.drafter_seconds}
+
+
+def simulate(drafter: Drafter, train_epochs: Sequence[list[RolloutRecord]], eval_records: list[RolloutRecord],
+             c_base: float = 7.0, c_tok: float = 0.025) -> ReplayResult:
+    """Replay ``eval_records`` as one continuous batch after feeding ``train_epochs`` to ``drafter``."""
+    drafter.prepare(train_epochs)
+    n = len(eval_records)
+    rids = [f"eval-{i}" for i in range(n)]
+    comps = [np.asarray(r.completion_ids, dtype=np.int64) for r in eval_records]
+    ctx = [list(r.prompt_ids) for r in eval_records]
+    pos = [0] * n
+    passes = [0] * n
+    running = [i for i in range(n) if len(comps[i]) > 0]
+    for i in range(n):
+        drafter.start(rids[i], eval_records[i])
+    for i in range(n):
+        if len(comps[i]) == 0:
+            drafter.stop(rids[i])
+    tokens = rounds = drafted_total = accepted_total = steps = 0
+    t_ms = 0.0
+    trace: list[tuple[float, int]] = []
+    t_drafter = 0.0
+    while running:
+        trace.append((t_ms, len(running)))
+        t0 = time.perf_counter()
+        budgets = drafter.budgets([(rids[i], eval_records[i], pos[i]) for i in running])
+        drafts = []
+        for i, b in zip(running, budgets):
+            # The engine does not know where a completion will end: drafts may run past it (those tokens are
+            # verified and wasted, as in vLLM).
+            drafts.append(drafter.propose(rids[i], np.asarray(ctx[i], dtype=np.int32), int(b)) if b > 0 else [])
+        t_drafter += time.perf_counter() - t0
+        step_tokens = 0
+        still = []
+        for i, draft in zip(running, drafts):
+            comp, p = comps[i], pos[i]
+            d = np.asarray(draft, dtype=np.int64)
+            usable = min(len(d), len(comp) - p - 1)  # the last token is always the round's own (bonus) token
+            mism = np.nonzero(d[:usable] != comp[p:p + usable])[0]
+            acc = int(mism[0]) if mism.size else usable
+            emit = comp[p:p + acc + 1].tolist()
+            step_tokens += 1 + len(d)
+            drafted_total += len(d)
+            accepted_total += acc
+            drafter.feedback(len(d), acc)
+            tokens += len(emit)
+            rounds += 1
+            passes[i] += 1
+            pos[i] += len(emit)
+            ctx[i].extend(emit)
+            t0 = time.perf_counter()
+            drafter.extend(rids[i], emit)
+            if pos[i] >= len(comp):
+                drafter.stop(rids[i])
+            else:
+                still.append(i)
+            t_drafter += time.perf_counter() - t0
+        t_ms += c_base + c_tok * step_tokens
+        steps += 1
+        running = still
+    trace.append((t_ms, 0))
+    return ReplayResult(drafter.name, n, tokens, rounds, drafted_total, accepted_total, steps, t_ms, passes,
+                        [len(c) for c in comps], trace, t_drafter)
+
+
+# ---------------------------------------------------------------------------- data
+def load_epochs(path: str | Path) -> dict[int, list[RolloutRecord]]:
+    """Records grouped by epoch index ``floor(epoch)`` (a tiny epsilon absorbs float noise)."""
+    out: dict[int, list[RolloutRecord]] = defaultdict(list)
+    for r in read_records(path):
+        out[int(math.floor(r.epoch + 1e-6))].append(r)
+    return dict(sorted(out.items()))
+
+
+def split_epochs(epochs: dict[int, list[RolloutRecord]], train: Sequence[int] | None, eval_epoch: int | None):
+    keys = sorted(epochs)
+    if len(keys) < 2 and train is None:
+        raise ValueError(f"need at least 2 epochs to replay, found {keys}")
+    ev = keys[-1] if eval_epoch is None else eval_epoch
+    if ev not in epochs:
+        raise ValueError(f"eval epoch {ev} not in the rollouts (epochs: {keys})")
+    tr = [k for k in keys if k < ev] if train is None else list(train)
+    for k in tr:
+        if k not in epochs:
+            raise ValueError(f"train epoch {k} not in the rollouts (epochs: {keys})")
+    return [epochs[k] for k in tr], epochs[ev], tr, ev
+
+
+def length_tiers(lengths: Sequence[int], long_fraction=0.2, medium_fraction=0.4) -> np.ndarray:
+    """Tier per eval request by its own recorded length (0 short, 1 medium, 2 long; top 20% long, next 40%)."""
+    lengths = np.asarray(lengths)
+    order = np.argsort(-lengths, kind="stable")
+    tiers = np.zeros(len(lengths), dtype=np.int64)
+    nl = int(round(long_fraction * len(lengths)))
+    nm = int(round(medium_fraction * len(lengths)))
+    tiers[order[:nl]] = 2
+    tiers[order[nl:nl + nm]] = 1
+    return tiers
+
+
+def tier_tokens_per_round(res: ReplayResult) -> dict[str, float]:
+    tiers = length_tiers(res.lengths)
+    out = {}
+    for t, name in enumerate(("short", "medium", "long")):
+        m = tiers == t
+        p = np.asarray(res.passes)[m].sum()
+        out[name] = float(np.asarray(res.lengths)[m].sum() / p) if p else math.nan
+    return out
+
+
+# ---------------------------------------------------------------------------- report
+def format_table(results: Sequence[ReplayResult], baseline: str = "none", reference: str = "suffix") -> str:
+    base = next((r for r in results if r.name == baseline), None)
+    ref = next((r for r in results if r.name == reference), None)
+    head = (f"{'drafter':<14}{'tok/round':>10}{'vs suffix':>10}{'draft/acc':>10}{'passes/req':>11}"
+            f"{'tail':>7}{'tail/none':>10}{'sim ms':>10}{'speedup':>9}")
+    lines = [head, "-" * len(head)]
+    for r in results:
+        vs = f"{r.tokens_per_round / ref.tokens_per_round:.2f}x" if ref else "-"
+        dpa = f"{r.draft_per_accepted:.2f}" if not math.isnan(r.draft_per_accepted) else "-"
+        tail = f"{r.steps / base.steps:.2f}" if base else "-"
+        sp = f"{base.sim_time_ms / r.sim_time_ms:.2f}x" if base else "-"
+        lines.append(f"{r.name:<14}{r.tokens_per_round:>10.3f}{vs:>10}{dpa:>10}{r.mean_passes:>11.1f}"
+                     f"{r.steps:>7d}{tail:>10}{r.sim_time_ms:>10.0f}{sp:>9}")
+    return "\n".join(lines)
+
+
+def write_plots(results: Sequence[ReplayResult], outdir: str | Path, history_lengths: Sequence[int]) -> list[str]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    outdir = Path(outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    files = []
+    lengths = results[0].lengths
+    fig, ax = plt.subplots(figsize=(6, 4))
+    bins = np.linspace(0, max(max(lengths), max(history_lengths, default=1)) + 1, 40)
+    ax.hist(history_lengths, bins=bins, alpha=0.5, label="history epochs", density=True)
+    ax.hist(lengths, bins=bins, alpha=0.5, label="replayed epoch", density=True)
+    ax.set_xlabel("completion length (tokens)")
+    ax.set_ylabel("density")
+    ax.legend()
+    ax.set_title("Rollout length distribution")
+    fig.tight_layout()
+    files.append(str(outdir / "length_distribution.png"))
+    fig.savefig(files[-1], dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.8 / len(results)
+    for j, r in enumerate(results):
+        tpr = tier_tokens_per_round(r)
+        ax.bar(np.arange(3) + j * width, [tpr[k] for k in ("short", "medium", "long")], width, label=r.name)
+    ax.set_xticks(np.arange(3) + 0.4 - width / 2, ["short (bottom 40%)", "medium", "long (top 20%)"])
+    ax.set_ylabel("tokens per verification round")
+    ax.legend(fontsize=7, ncol=2)
+    ax.set_title("Tokens per round by length tier")
+    fig.tight_layout()
+    files.append(str(outdir / "tokens_per_round_by_tier.png"))
+    fig.savefig(files[-1], dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in results:
+        if r.name in ("none", "suffix") or r.name == results[-1].name:
+            t, b = zip(*r.batch_trace)
+            ax.step(np.asarray(t) / 1000.0, b, where="post", label=r.name)
+    ax.set_xlabel("simulated time (s, cost model)")
+    ax.set_ylabel("running requests")
+    ax.legend()
+    ax.set_title("Batch size over time")
+    fig.tight_layout()
+    files.append(str(outdir / "batch_size_over_time.png"))
+    fig.savefig(files[-1], dpi=110)
+    plt.close(fig)
+    return files
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="das_trl.bench.replay", description=__doc__.split("\n\n")[0])
+    p.add_argument("--rollouts", required=True, help="JSONL rollouts (das_trl.drafter.rollout_log format)")
+    p.add_argument("--train-epochs", default=None, help="comma-separated history epochs (default: all before eval)")
+    p.add_argument("--eval-epoch", type=int, default=None, help="epoch to replay (default: the last)")
+    p.add_argument("--drafters", default=",".join(DEFAULT_DRAFTERS), help=f"from {','.join(ALL_DRAFTERS)}")
+    p.add_argument("--c-base", type=float, default=7.0, help="cost model: ms per forward pass")
+    p.add_argument("--c-tok", type=float, default=0.025, help="cost model: ms per token in a pass")
+    p.add_argument("--ngram", default="5,5,8", help="prompt_lookup_min,prompt_lookup_max,num_speculative_tokens")
+    p.add_argument("--policy", default=None, help="JSON of LengthPolicyConfig overrides, e.g. '{\"short_budget\": 0}'")
+    p.add_argument("--json", default=None, help="write results to this JSON file")
+    p.add_argument("--plots", default=None, help="write PNG plots into this directory")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    epochs = load_epochs(args.rollouts)
+    train_ids = [int(x) for x in args.train_epochs.split(",")] if args.train_epochs else None
+    train, evals, tr, ev = split_epochs(epochs, train_ids, args.eval_epoch)
+    ngram = tuple(int(x) for x in args.ngram.split(","))
+    pc = LengthPolicyConfig(**json.loads(args.policy)) if args.policy else LengthPolicyConfig()
+    names = [x.strip() for x in args.drafters.split(",") if x.strip()]
+    print(f"{args.rollouts}: history epochs {tr} ({sum(len(x) for x in train)} rollouts), replaying epoch {ev} "
+          f"({len(evals)} rollouts, {len({r.problem_key for r in evals})} problems, "
+          f"{sum(len(r.completion_ids) for r in evals)} tokens); cost model {args.c_base} ms + {args.c_tok} ms/token")
+    results = []
+    for name in names:
+        res = simulate(make_drafter(name, ngram, pc), train, evals, args.c_base, args.c_tok)
+        results.append(res)
+    print(format_table(results))
+    print("tokens/round by length tier (eval requests ranked by their own length):")
+    for r in results:
+        tpr = tier_tokens_per_round(r)
+        print(f"  {r.name:<14}" + "  ".join(f"{k} {v:.3f}" for k, v in tpr.items()))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        payload = {"rollouts": str(args.rollouts), "train_epochs": tr, "eval_epoch": ev,
+                   "c_base_ms": args.c_base, "c_tok_ms": args.c_tok, "ngram": list(ngram),
+                   "policy": pc.to_dict(), "suffix": SUFFIX_DEFAULTS,
+                   "results": [dict(r.summary(), tiers=tier_tokens_per_round(r)) for r in results]}
+        Path(args.json).write_text(json.dumps(payload, indent=2, default=float))
+        print(f"wrote {args.json}")
+    if args.plots:
+        hist_lengths = [len(r.completion_ids) for recs in train for r in recs]
+        for f in write_plots(results, args.plots, hist_lengths):
+            print(f"wrote {f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
