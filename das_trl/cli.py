@@ -1,4 +1,5 @@
-"""The ``das-trl`` command: ``serve`` (a vLLM server running DAS) and ``prepare-model`` (the embedded default)."""
+"""The ``das-trl`` command: ``serve`` (a vLLM server running DAS), ``bench`` (replay / record) and
+``prepare-model`` (the embedded default)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("serve", help="start a vLLM OpenAI server running the DAS drafter (extra args go to vLLM)",
                    add_help=False)
+    sub.add_parser("bench", help="benchmarks: `das-trl bench replay ...`, `das-trl bench record ...`",
+                   add_help=False)
     prep = sub.add_parser("prepare-model", help="convert the embedded SmolLM2-135M-Instruct once; print its path")
     prep.add_argument("--cache-dir", default=None)
     prep.add_argument("--force", action="store_true")
@@ -20,6 +23,13 @@ def main(argv: list[str] | None = None) -> int:
         from das_trl.vllm.serve import main as serve_main
 
         return serve_main(argv[1:])
+    if argv and argv[0] == "bench":
+        benches = {"replay": "das_trl.bench.replay", "record": "das_trl.bench.record"}
+        if len(argv) < 2 or argv[1] not in benches:
+            parser.error(f"das-trl bench needs one of: {', '.join(benches)}")
+        import importlib
+
+        return int(importlib.import_module(benches[argv[1]]).main(argv[2:]) or 0)
     args = parser.parse_args(argv)
     if args.command == "prepare-model":
         from das_trl.defaults.model import prepare_default_model

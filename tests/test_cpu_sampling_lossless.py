@@ -6,7 +6,7 @@ vLLM process by the ``vllm.general_plugins`` entry point. Here:
 
 * the unfixed vLLM expansion is shown to be wrong on CPU (so these tests can fail), and the installed one right;
 * with the real CPU engine and the packaged model, many short completions sampled at T=0.8 (once with top_k=20,
-  which crashes the engine without the fix) with ngram speculation follow the same distribution as without
+  which crashes the engine without the fix) with the DAS drafter follow the same distribution as without
   speculation: chi-square homogeneity test per output position; vLLM's spec_decode counters show that drafts were
   proposed and partly accepted, and an RPC into the worker shows the fix is active there.
 
@@ -24,12 +24,13 @@ import torch
 
 from das_trl.vllm import cpu_sampling_fix as fix
 
-SPEC_CONFIG = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+# The speculative engine runs the DAS drafter (its local prompt+output tree drafts from the repeated text below).
+NUM_SPECULATIVE_TOKENS = 4
 # The SD and the no-SD engines each sample this many completions per case, MAX_TOKENS tokens long.
 NUM_SAMPLES = 160
 MAX_TOKENS = 4
 TEMPERATURE = 0.8
-# Repeated text so that ngram drafts are proposed (and often accepted); open enough that positions have entropy.
+# Repeated text so that drafts are proposed (and often accepted); open enough that positions have entropy.
 CASES = {
     "temperature": ("The cat sat on the mat. The dog sat on the log. The cat sat on the", {}),
     "top_k": ("Roses are red, violets are blue. Roses are red, violets are", {"top_k": 20}),
@@ -100,7 +101,9 @@ def sample_completions(model_path: str, speculative: bool) -> dict:
     """Completions per case from a fresh engine, with vLLM's spec_decode counters (and the worker's fix state)."""
     from vllm import LLM, SamplingParams
 
-    kwargs = {"speculative_config": SPEC_CONFIG} if speculative else {}
+    from das_trl.vllm.engine import das_engine_kwargs
+
+    kwargs = das_engine_kwargs(NUM_SPECULATIVE_TOKENS) if speculative else {}
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # only to send _fix_active_in_worker to the worker
         llm = LLM(
@@ -118,6 +121,10 @@ def sample_completions(model_path: str, speculative: bool) -> dict:
             **kwargs,
         )
         try:
+            if speculative:
+                from das_trl.vllm.client import LocalDASEngine
+
+                LocalDASEngine(llm).attach()
             prompts, params = [], []
             for text, extra in CASES.values():
                 sp = SamplingParams(temperature=TEMPERATURE, max_tokens=MAX_TOKENS, **extra)

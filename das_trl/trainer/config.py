@@ -61,6 +61,11 @@ class DASGRPOConfig(GRPOConfig):
                           "line), e.g. {\"kv_cache_memory_bytes\": 1073741824, \"enforce_eager\": true}. On CPU "
                           "builds an explicit kv_cache_memory_bytes is the reliable way to size the KV cache."},
     )
+    das_record_rollouts: str | None = field(
+        default=None,
+        metadata={"help": "Path of a JSONL file to append every training step's rollouts to (format: "
+                          "das_trl.drafter.rollout_log), the input of `das-trl bench replay`. None records nothing."},
+    )
     das_check_engine: bool = field(
         default=True,
         metadata={"help": "At trainer start, verify the engine runs the DAS drafter and fail with a clear message "

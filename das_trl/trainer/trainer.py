@@ -22,6 +22,7 @@ from typing import Any
 from accelerate.utils import gather_object
 from trl import GRPOTrainer
 
+from das_trl.drafter.rollout_log import RolloutRecord, append_records
 from das_trl.trainer.callback import DASHistoryCallback
 from das_trl.trainer.config import das_settings, validate_das_settings
 from das_trl.trainer.generation import DASVLLMGeneration
@@ -142,9 +143,21 @@ class DASGRPOTrainer(GRPOTrainer):
             except DASEngineError as exc:
                 logger.warning("DAS history push failed (training continues; retried next step): %s", exc)
                 self._das_pending = pending + self._das_pending
+        if self.das["record_rollouts"] and prompts and self.accelerator.is_main_process:
+            self._das_record(prompts, completions)
         mode = "train"
         for key, value in metrics.items():
             self._metrics[mode][key].append(float(value))
+
+    def _das_record(self, prompts: list[list[int]], completions: list[list[int]]) -> None:
+        """Append this step's rollouts to ``das_record_rollouts`` (JSONL, :mod:`das_trl.drafter.rollout_log`)."""
+        limit = self.max_completion_length
+        records = [
+            RolloutRecord.make(self.state.global_step - 1, self.state.epoch or 0.0, p, c,
+                               "length" if len(c) >= limit else "stop")
+            for p, c in zip(prompts, completions)
+        ]
+        append_records(self.das["record_rollouts"], records)
 
     def _das_step_metrics(self, stats: dict[str, Any]) -> dict[str, float]:
         """Per-step differences of the proposer's counters, as das/* metrics."""
