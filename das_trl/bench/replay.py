@@ -42,7 +42,8 @@ from typing import Sequence
 
 import numpy as np
 
-from das_trl.drafter import DASDrafter, DrafterConfig
+from das_trl.drafter import DASDrafter
+from das_trl.drafter import DrafterConfig as _DrafterConfig
 from das_trl.drafter.policy import LengthPolicy, LengthPolicyConfig
 from das_trl.drafter.rollout_log import RolloutRecord, read_records
 
@@ -159,7 +160,7 @@ class SuffixDrafter(Drafter):
 class DASReplayDrafter(Drafter):
     """DASDrafter fed one ``add_rollouts`` per history epoch (one appearance per problem), optional length policy."""
 
-    def __init__(self, name: str, config: DrafterConfig, policy: LengthPolicy | None = None,
+    def __init__(self, name: str, config: _DrafterConfig, policy: LengthPolicy | None = None,
                  fixed_budget: int = 16) -> None:
         self.name = name
         self.d = DASDrafter(config)
@@ -201,8 +202,15 @@ class DASReplayDrafter(Drafter):
             self.policy.record_acceptance(drafted, accepted)
 
 
-def make_drafter(name: str, ngram=(5, 5, 8), policy_config: LengthPolicyConfig | None = None) -> Drafter:
-    """Build a replay drafter by name (one of :data:`ALL_DRAFTERS`)."""
+def make_drafter(name: str, ngram=(5, 5, 8), policy_config: LengthPolicyConfig | None = None,
+                 das_overrides: dict | None = None) -> Drafter:
+    """Build a replay drafter by name (one of :data:`ALL_DRAFTERS`); ``das_overrides``: DrafterConfig fields applied
+    to every DAS variant (the ablation switches of a variant still win)."""
+    ov = dict(das_overrides or {})
+
+    def DrafterConfig(**kw):  # noqa: N802 - the variant's switches over the user's overrides
+        return _DrafterConfig(**{**ov, **kw})
+
     if name == "none":
         return NoDrafter()
     if name == "ngram":
@@ -449,6 +457,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--c-tok", type=float, default=0.025, help="cost model: ms per token in a pass")
     p.add_argument("--ngram", default="5,5,8", help="prompt_lookup_min,prompt_lookup_max,num_speculative_tokens")
     p.add_argument("--policy", default=None, help="JSON of LengthPolicyConfig overrides, e.g. '{\"short_budget\": 0}'")
+    p.add_argument("--das-config", default=None,
+                   help="JSON of DrafterConfig overrides for every DAS variant, e.g. '{\"max_spec_factor\": 1.0}'")
     p.add_argument("--json", default=None, help="write results to this JSON file")
     p.add_argument("--plots", default=None, help="write PNG plots into this directory")
     return p.parse_args(argv)
@@ -461,13 +471,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     train, evals, tr, ev = split_epochs(epochs, train_ids, args.eval_epoch)
     ngram = tuple(int(x) for x in args.ngram.split(","))
     pc = LengthPolicyConfig(**json.loads(args.policy)) if args.policy else LengthPolicyConfig()
+    das_ov = json.loads(args.das_config) if args.das_config else {}
     names = [x.strip() for x in args.drafters.split(",") if x.strip()]
     print(f"{args.rollouts}: history epochs {tr} ({sum(len(x) for x in train)} rollouts), replaying epoch {ev} "
           f"({len(evals)} rollouts, {len({r.problem_key for r in evals})} problems, "
           f"{sum(len(r.completion_ids) for r in evals)} tokens); cost model {args.c_base} ms + {args.c_tok} ms/token")
     results = []
     for name in names:
-        res = simulate(make_drafter(name, ngram, pc), train, evals, args.c_base, args.c_tok)
+        res = simulate(make_drafter(name, ngram, pc, das_ov), train, evals, args.c_base, args.c_tok)
         results.append(res)
     print(format_table(results))
     print("tokens/round by length tier (eval requests ranked by their own length):")
@@ -478,7 +489,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         payload = {"rollouts": str(args.rollouts), "train_epochs": tr, "eval_epoch": ev,
                    "c_base_ms": args.c_base, "c_tok_ms": args.c_tok, "ngram": list(ngram),
-                   "policy": pc.to_dict(), "suffix": SUFFIX_DEFAULTS,
+                   "policy": pc.to_dict(), "das_config_overrides": das_ov, "suffix": SUFFIX_DEFAULTS,
                    "results": [dict(r.summary(), tiers=tier_tokens_per_round(r)) for r in results]}
         Path(args.json).write_text(json.dumps(payload, indent=2, default=float))
         print(f"wrote {args.json}")
