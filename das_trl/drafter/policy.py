@@ -154,7 +154,7 @@ def cost_condition_rhs(l: np.ndarray, k: np.ndarray, a: np.ndarray, N: float, c_
 
 
 def cost_optimal_passes(l: np.ndarray, k: np.ndarray, a: np.ndarray, c_base: float, c_tok: float,
-                        iters: int = 60) -> float:
+                        iters: int = 32) -> float:
     """``N*`` solving ``c_base = cost_condition_rhs(N)`` by bisection on ``(max l(1-k), max l]`` (forward passes).
 
     The right side is decreasing in N (terms drop out, with a downward jump, where ``N`` passes an ``l_i``), +inf at
