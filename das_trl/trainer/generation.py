@@ -18,7 +18,6 @@ import logging
 import os
 from typing import Any
 
-import torch
 from trl.generation.vllm_generation import VLLMGeneration
 
 from das_trl.trainer.config import drafter_config_fields
@@ -92,7 +91,6 @@ class DASVLLMGeneration(VLLMGeneration):
         ensure_master_addr_port()
         extra = das_engine_kwargs(self.das["num_speculative_tokens"]) if self.das["enabled"] else {}
         extra.update(self.das["vllm_kwargs"] or {})
-        torch_threads = torch.get_num_threads()
         # TRL's colocate arguments (trl 1.16), plus the DAS engine arguments.
         self.llm = LLM(
             model=self.model.name_or_path,
@@ -109,12 +107,6 @@ class DASVLLMGeneration(VLLMGeneration):
             trust_remote_code=self.trust_remote_code,
             **{"disable_log_stats": False, **extra},
         )
-        if is_cpu_build() and torch.get_num_threads() != torch_threads:
-            # The CPU worker, now living in the trainer process, drops torch to 1 thread "for serving" and blocks
-            # torch.set_num_threads; training would then run single-threaded. Restore the trainer's thread count.
-            logger.info("restoring torch threads %d -> %d after the colocated CPU engine started",
-                        torch.get_num_threads(), torch_threads)
-            torch._C._set_num_threads(torch_threads)
         if self.das["enabled"]:
             engine = LocalDASEngine(self.llm)
             self._check_engine(engine)
