@@ -100,7 +100,7 @@ class LengthPolicyConfig:
     drain_max_growth: float = 4.0
     drain_reference_batch: int = 0
     max_budget: int = 32
-    step_token_cap: int = 4096
+    step_token_cap: int = 1024
     fixed_budget: int = 16
     c_base_ms: float = 7.0
     c_tok_ms: float = 0.025
