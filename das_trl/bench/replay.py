@@ -433,7 +433,7 @@ def write_plots(results: Sequence[ReplayResult], outdir: str | Path, history_len
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in results:
-        if r.name in ("none", "suffix") or r.name == results[-1].name:
+        if r.name in ("none", "suffix", "das+policy", "das+cost") or r.name == results[-1].name:
             t, b = zip(*r.batch_trace)
             ax.step(np.asarray(t) / 1000.0, b, where="post", label=r.name)
     ax.set_xlabel("simulated time (s, cost model)")
