@@ -12,6 +12,13 @@ Usage (per GRPO step / engine round)::
     budgets = policy.budgets([(key_i, output_len_i), ...], num_running)   # once per engine round
     policy.record_acceptance(drafted=..., accepted=...)            # optional: feeds the "cost" mode
 
+In the live vLLM proposer (``das_trl.vllm.proposer``), per ``propose`` call: ``requests`` = for each row of the
+input batch with sampled tokens, ``(problem key of the request, num_tokens - num_prompt_tokens)``;
+``num_running`` = ``len(input_batch.req_ids)``; the budget replaces the fixed ``num_speculative_tokens`` (still
+capped by it and by ``max_model_len - num_tokens - 1``). ``observe`` goes where the proposer pushes history
+(``DASDrafter.add_rollouts``: one call per problem with its completions' lengths); ``record_acceptance`` takes the
+previous round's drafted / accepted counts (only ``cost`` mode reads them).
+
 Modes:
 
 ``tiers`` (default)
