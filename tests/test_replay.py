@@ -104,3 +104,17 @@ def test_plots(jsonl, tmp_path):
     res = [replay.simulate(replay.make_drafter(n), train, evals) for n in ("none", "das+policy")]
     files = replay.write_plots(res, tmp_path / "plots", [len(r.completion_ids) for r in train[0]])
     assert len(files) == 3 and all((tmp_path / "plots" / f.split("/")[-1]).stat().st_size > 0 for f in files)
+
+
+def test_epochs_grouped_by_appearance(tmp_path):
+    # TRL-style fractional epochs reported at the end of each step: 2 problems per step, 2 steps per epoch
+    path = tmp_path / "grpo.jsonl"
+    recs = []
+    for step in range(4):
+        prompt = [1, 2, 3 + step % 2]
+        recs.append(RolloutRecord.make(step, 0.5 * (step + 1), prompt, [5, 6, step], "stop"))
+    append_records(path, recs)
+    by_app = replay.load_epochs(path)
+    assert sorted(by_app) == [0, 1] and [r.step for r in by_app[0]] == [0, 1] and [r.step for r in by_app[1]] == [2, 3]
+    by_floor = replay.load_epochs(path, "epoch")
+    assert [r.step for r in by_floor[1]] == [1, 2]  # floor() would mix appearances

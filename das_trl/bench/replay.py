@@ -1,8 +1,8 @@
 """Replay benchmark: draft a recorded later epoch given the earlier ones, verification round by round.
 
 Input: rollouts in the JSONL format of :mod:`das_trl.drafter.rollout_log` (the trainer's ``das_record_rollouts``
-or :mod:`das_trl.bench.record`). Epoch index = ``floor(record.epoch)``; by default every epoch but the last is
-history and the last is replayed.
+or :mod:`das_trl.bench.record`). Epoch index = a problem's k-th appearance (``--group-by appearance``, default)
+or ``floor(record.epoch)``; by default every epoch but the last is history and the last is replayed.
 
 Simulation (hardware-independent; no model runs): the eval epoch's requests all start together and run as a
 continuous batch. Each engine step, every running request gets a draft from the drafter (budget: the drafter's
@@ -334,11 +334,28 @@ def simulate(drafter: Drafter, train_epochs: Sequence[list[RolloutRecord]], eval
 
 
 # ---------------------------------------------------------------------------- data
-def load_epochs(path: str | Path) -> dict[int, list[RolloutRecord]]:
-    """Records grouped by epoch index ``floor(epoch)`` (a tiny epsilon absorbs float noise)."""
+def load_epochs(path: str | Path, group_by: str = "appearance") -> dict[int, list[RolloutRecord]]:
+    """Records grouped into epochs.
+
+    ``group_by="appearance"`` (default): a record's epoch is the rank of its ``step`` among the steps in which its
+    problem appears (a problem's k-th appearance is its epoch k), independent of how the trainer's fractional
+    ``epoch`` is sampled (TRL reports it at the end of a step, e.g. 0.5 for the first of two steps per epoch).
+    ``group_by="epoch"``: ``floor(epoch)`` (a tiny epsilon absorbs float noise).
+    """
+    records = list(read_records(path))
     out: dict[int, list[RolloutRecord]] = defaultdict(list)
-    for r in read_records(path):
-        out[int(math.floor(r.epoch + 1e-6))].append(r)
+    if group_by == "epoch":
+        for r in records:
+            out[int(math.floor(r.epoch + 1e-6))].append(r)
+    elif group_by == "appearance":
+        steps: dict[int, set[int]] = defaultdict(set)
+        for r in records:
+            steps[r.problem_key].add(r.step)
+        rank = {key: {st: i for i, st in enumerate(sorted(v))} for key, v in steps.items()}
+        for r in records:
+            out[rank[r.problem_key][r.step]].append(r)
+    else:
+        raise ValueError(f"group_by must be 'appearance' or 'epoch', got {group_by!r}")
     return dict(sorted(out.items()))
 
 
@@ -452,6 +469,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rollouts", required=True, help="JSONL rollouts (das_trl.drafter.rollout_log format)")
     p.add_argument("--train-epochs", default=None, help="comma-separated history epochs (default: all before eval)")
     p.add_argument("--eval-epoch", type=int, default=None, help="epoch to replay (default: the last)")
+    p.add_argument("--group-by", choices=("appearance", "epoch"), default="appearance",
+                   help="epoch = a problem's k-th appearance (default) or floor(record.epoch)")
     p.add_argument("--drafters", default=",".join(DEFAULT_DRAFTERS), help=f"from {','.join(ALL_DRAFTERS)}")
     p.add_argument("--c-base", type=float, default=7.0, help="cost model: ms per forward pass")
     p.add_argument("--c-tok", type=float, default=0.025, help="cost model: ms per token in a pass")
@@ -466,7 +485,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    epochs = load_epochs(args.rollouts)
+    epochs = load_epochs(args.rollouts, args.group_by)
     train_ids = [int(x) for x in args.train_epochs.split(",")] if args.train_epochs else None
     train, evals, tr, ev = split_epochs(epochs, train_ids, args.eval_epoch)
     ngram = tuple(int(x) for x in args.ngram.split(","))
