@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any
 
 from trl.generation.vllm_generation import VLLMGeneration
@@ -41,6 +42,7 @@ class DASVLLMGeneration(VLLMGeneration):
     def __init__(self, *, das: dict[str, Any], **kwargs: Any):
         self.das = das
         self.engine: DASEngine | None = None  # set on the process that talks to an engine
+        self.weight_sync_seconds = 0.0  # cumulative time spent in sync_weights
         self.weight_sync = self._resolve_weight_sync(das["weight_sync"], kwargs.get("mode", "colocate"))
         super().__init__(**kwargs)
 
@@ -126,7 +128,15 @@ class DASVLLMGeneration(VLLMGeneration):
 
     # ----------------------------------------------------------------------------------------------------------------
     def sync_weights(self) -> None:
-        """Push the policy's current weights into the engine (see ``das_weight_sync``)."""
+        """Push the policy's current weights into the engine (see ``das_weight_sync``); the time taken is added to
+        ``self.weight_sync_seconds``."""
+        started = time.perf_counter()
+        try:
+            self._sync_weights()
+        finally:
+            self.weight_sync_seconds += time.perf_counter() - started
+
+    def _sync_weights(self) -> None:
         if self.weight_sync in ("nccl", "inplace"):
             return super().sync_weights()
         if self.mode == "colocate" and self.enable_sleep_mode:

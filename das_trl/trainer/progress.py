@@ -11,7 +11,7 @@ def format_step(step: int, logs: dict[str, float]) -> str | None:
         return None
     return (
         f"[das-trl] step {step:>4} | reward {logs.get('reward', float('nan')):.3f} | "
-        f"rollout {logs['das/rollout_seconds']:.1f}s | "
+        f"rollout {logs['das/rollout_seconds']:.1f}s (+ weight sync {logs.get('das/weight_sync_seconds', 0):.1f}s) | "
         f"tokens/round {logs.get('das/tokens_per_round', 1.0):.2f} | "
         f"drafts: {logs.get('das/draft_tokens', 0):.0f} proposed, {logs.get('das/accepted_tokens', 0):.0f} accepted | "
         f"history {logs.get('das/history_problems', 0):.0f} problems / {logs.get('das/history_tokens', 0):.0f} tokens"

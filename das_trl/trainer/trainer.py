@@ -50,6 +50,7 @@ class DASGRPOTrainer(GRPOTrainer):
         self._das_pending: list[tuple[list[list[int]], list[list[int]]]] = []
         self._das_last_counters: dict[str, float] = {}
         self._das_rollout_seconds = 0.0
+        self._das_weight_sync_seconds = 0.0
         if use_vllm:
             # Let GRPOTrainer set everything up except its vLLM backend, then build ours with the same arguments.
             grpo_args.use_vllm = False
@@ -103,8 +104,12 @@ class DASGRPOTrainer(GRPOTrainer):
     def _generate(self, prompts: list, *args: Any, **kwargs: Any):
         """TRL's ``_generate``, timed, with the rollouts recorded for the history push."""
         started = time.perf_counter()
+        sync_before = self.vllm_generation.weight_sync_seconds if self.use_vllm else 0.0
         result = super()._generate(prompts, *args, **kwargs)
-        self._das_rollout_seconds += time.perf_counter() - started
+        sync = (self.vllm_generation.weight_sync_seconds - sync_before) if self.use_vllm else 0.0
+        # Rollout time is generation only; the weight push that TRL does first is logged on its own.
+        self._das_rollout_seconds += time.perf_counter() - started - sync
+        self._das_weight_sync_seconds += sync
         if self.use_vllm and self.das["enabled"] and self.model.training:
             prompt_ids, completion_ids = result[0], result[1]
             self._das_pending.append(([list(p) for p in prompt_ids], [list(c) for c in completion_ids]))
@@ -122,8 +127,9 @@ class DASGRPOTrainer(GRPOTrainer):
         # Every engine holds the whole step's history: in server mode one engine (main process), in colocate mode one
         # engine per process, each given every process's rollouts.
         prompts, completions = gather_object(prompts), gather_object(completions)
-        metrics: dict[str, float] = {"das/rollout_seconds": self._das_rollout_seconds}
-        self._das_rollout_seconds = 0.0
+        metrics: dict[str, float] = {"das/rollout_seconds": self._das_rollout_seconds,
+                                     "das/weight_sync_seconds": self._das_weight_sync_seconds}
+        self._das_rollout_seconds = self._das_weight_sync_seconds = 0.0
         generation = self.vllm_generation
         if generation.engine is not None:
             try:
