@@ -2,16 +2,7 @@
 
 from __future__ import annotations
 
-import gc
-import os
-
 import pytest
-
-# An explicit, small KV cache: several engines may be alive at once on a 24 GiB CI machine, and on CPU builds a
-# memory *fraction* is counted against the whole process's RSS (negative once the model is loaded).
-KV_CACHE_BYTES = int(os.environ.get("DAS_TRL_TEST_KV_BYTES", str(512 * 1024**2)))
-MAX_MODEL_LEN = 1024
-
 
 @pytest.fixture(scope="session")
 def model_path() -> str:
@@ -21,31 +12,3 @@ def model_path() -> str:
     return prepare_default_model()
 
 
-def make_llm(model_path: str, das: bool = False, num_speculative_tokens: int = 8, **kwargs):
-    """A real CPU vLLM engine with the packaged model; ``das=True`` adds the DAS proposer and worker extension."""
-    from vllm import LLM
-
-    from das_trl.vllm.engine import das_engine_kwargs
-
-    extra = das_engine_kwargs(num_speculative_tokens) if das else {}
-    extra.update(kwargs)
-    return LLM(
-        model=model_path,
-        dtype="float32",
-        max_model_len=MAX_MODEL_LEN,
-        kv_cache_memory_bytes=KV_CACHE_BYTES,
-        disable_log_stats=False,
-        enforce_eager=True,
-        seed=0,
-        **extra,
-    )
-
-
-def shutdown(llm) -> None:
-    """Release an engine (its engine-core process and memory) before the next one starts."""
-    try:
-        llm.llm_engine.engine_core.shutdown()
-    except Exception:  # noqa: BLE001 - best effort on teardown
-        pass
-    del llm
-    gc.collect()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import make_llm, shutdown
+from engine_utils import make_llm, shutdown
 
 pytestmark = pytest.mark.engine
 

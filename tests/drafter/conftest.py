@@ -1,14 +1,9 @@
-"""Shared helpers for drafter tests (small support tables keep construction fast)."""
+"""Fixtures for drafter tests (helpers are in drafter_utils.py: a module named conftest is not importable reliably
+when several test folders have one)."""
 
 import numpy as np
 import pytest
 
-from das_trl.drafter import DASDrafter, DrafterConfig
-
-
-def make_drafter(**kw) -> DASDrafter:
-    kw.setdefault("support_table_bits", 16)
-    return DASDrafter(DrafterConfig(**kw))
 
 
 @pytest.fixture

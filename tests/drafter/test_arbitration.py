@@ -1,6 +1,6 @@
 import pytest
 
-from conftest import make_drafter
+from drafter_utils import make_drafter
 from das_trl.drafter import Candidate, choose, confidence
 from das_trl.drafter import problem_key as pkey
 

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from conftest import make_drafter
+from drafter_utils import make_drafter
 from das_trl.drafter import problem_key
 from das_trl.drafter.support import scope_salt
 
