@@ -73,6 +73,10 @@ class DASVLLMGeneration(VLLMGeneration):
         if "0.0.0.0" in base_url:  # TRL's default host: a bind address, not one to connect to
             base_url = base_url.replace("0.0.0.0", "127.0.0.1")
         engine = HTTPDASEngine(base_url)
+        # Like TRL's client, give a server that is still starting up to vllm_server_timeout seconds.
+        deadline = time.monotonic() + self.server_timeout
+        while not engine.health() and time.monotonic() < deadline:
+            time.sleep(1.0)
         if self.das["check_engine"]:
             self._check_engine(engine)
         self.engine = engine
