@@ -429,10 +429,7 @@ def write_plots(results: Sequence[ReplayResult], outdir: str | Path, history_len
     ax.set_ylabel("density")
     ax.legend()
     ax.set_title("Rollout length distribution")
-    fig.tight_layout()
-    files.append(str(outdir / "length_distribution.png"))
-    fig.savefig(files[-1], dpi=110)
-    plt.close(fig)
+    files.append(_save(fig, outdir / "length_distribution.png"))
 
     fig, ax = plt.subplots(figsize=(8, 4))
     width = 0.8 / len(results)
@@ -443,10 +440,7 @@ def write_plots(results: Sequence[ReplayResult], outdir: str | Path, history_len
     ax.set_ylabel("tokens per verification round")
     ax.legend(fontsize=7, ncol=2)
     ax.set_title("Tokens per round by length tier")
-    fig.tight_layout()
-    files.append(str(outdir / "tokens_per_round_by_tier.png"))
-    fig.savefig(files[-1], dpi=110)
-    plt.close(fig)
+    files.append(_save(fig, outdir / "tokens_per_round_by_tier.png"))
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in results:
@@ -457,11 +451,18 @@ def write_plots(results: Sequence[ReplayResult], outdir: str | Path, history_len
     ax.set_ylabel("running requests")
     ax.legend()
     ax.set_title("Batch size over time")
-    fig.tight_layout()
-    files.append(str(outdir / "batch_size_over_time.png"))
-    fig.savefig(files[-1], dpi=110)
-    plt.close(fig)
+    files.append(_save(fig, outdir / "batch_size_over_time.png"))
     return files
+
+
+def _save(fig, path: Path) -> str:
+    """Write a figure as PNG, close it, and return the path."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -162,7 +162,7 @@ class HTTPDASEngine(DASEngine):
             )
         if response.status_code != 200:
             text = response.text[:500]
-            if "has no attribute 'das_" in text or "das_" in path + text and "AttributeError" in text:
+            if "AttributeError" in text and "das_" in text:
                 raise DASEngineError(
                     f"{self.name} is not a DAS engine: its workers have no DAS methods. Start it with `das-trl "
                     f"serve` (--worker-extension-cls {__package__}.worker_extension.DASWorkerExtension)."
