@@ -162,7 +162,8 @@ class HTTPDASEngine(DASEngine):
             )
         if response.status_code != 200:
             text = response.text[:500]
-            if "AttributeError" in text and "das_" in text:
+            # vLLM words it "'CPUWorker' object has no attribute 'das_attach'" (no exception class name in the body).
+            if "das_" in text and ("has no attribute" in text or "AttributeError" in text):
                 raise DASEngineError(
                     f"{self.name} is not a DAS engine: its workers have no DAS methods. Start it with `das-trl "
                     f"serve` (--worker-extension-cls {__package__}.worker_extension.DASWorkerExtension)."
