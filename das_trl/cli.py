@@ -1,5 +1,5 @@
 """The ``das-trl`` command: ``serve`` (a vLLM server running DAS), ``bench`` (replay / record) and
-``prepare-model`` (the embedded default)."""
+``prepare-model`` (the embedded default), ``doctor`` (environment checks)."""
 
 from __future__ import annotations
 
@@ -19,17 +19,23 @@ def main(argv: list[str] | None = None) -> int:
     prep = sub.add_parser("prepare-model", help="convert the embedded SmolLM2-135M-Instruct once; print its path")
     prep.add_argument("--cache-dir", default=None)
     prep.add_argument("--force", action="store_true")
+    sub.add_parser("doctor", help="check the environment (engine build, arctic-inference, trl/vLLM versions, "
+                                  "device) and say what to fix", add_help=False)
     if argv and argv[0] == "serve":
         from das_trl.vllm.serve import main as serve_main
 
         return serve_main(argv[1:])
     if argv and argv[0] == "bench":
-        benches = {"replay": "das_trl.bench.replay", "record": "das_trl.bench.record"}
+        benches = {"replay": "das_trl.bench.replay", "record": "das_trl.bench.record", "live": "das_trl.bench.live"}
         if len(argv) < 2 or argv[1] not in benches:
             parser.error(f"das-trl bench needs one of: {', '.join(benches)}")
         import importlib
 
         return int(importlib.import_module(benches[argv[1]]).main(argv[2:]) or 0)
+    if argv and argv[0] == "doctor":
+        from das_trl.doctor import main as doctor_main
+
+        return doctor_main(argv[1:])
     args = parser.parse_args(argv)
     if args.command == "prepare-model":
         from das_trl.defaults.model import prepare_default_model
