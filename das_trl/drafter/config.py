@@ -38,7 +38,10 @@ class DrafterConfig:
         use_local_tree: per-request tree over its prompt and its own output so far.
         share_running_siblings: running (and finished, not yet pushed) siblings of
             the same problem see each other's outputs.
-        max_lingering_finished: finished sibling outputs kept visible until the next
+        share_running_batch: one more live tree over the outputs of every running (and
+            finished, not yet pushed) request, across problems (as vLLM's ``suffix`` method
+            shares active responses): format and phrasing repeat across problems.
+        max_lingering_finished: finished sibling/batch outputs kept visible until the next
             ``add_rollouts`` of their problem replaces them; beyond this many (across
             all problems) the oldest are dropped, so an engine that never receives
             ``add_rollouts`` (e.g. evaluation) does not grow without bound.
@@ -49,6 +52,9 @@ class DrafterConfig:
             draft token).
         evidence_pseudocount: kappa in conf = n / (n + kappa); n supporting sequences.
         match_len_pseudocount: mu in match_conf = m / (m + mu); m = match length.
+        truncate_by_evidence: cut a draft where the evidence-adjusted probability a_i
+            falls below ``min_token_prob`` (True), or where the raw tree probability does
+            (False, arctic's rule; the evidence then only picks the source).
         support_table_bits: log2 of the counter-table width used to count support in
             history (2 rows of int32: 8 * 2**bits bytes; 23 -> 64 MiB).
     """
@@ -67,11 +73,13 @@ class DrafterConfig:
     global_samples_per_appearance: int = 4
     use_local_tree: bool = True
     share_running_siblings: bool = True
+    share_running_batch: bool = True
     max_lingering_finished: int = 4096
     support_ngram: int = 3
     evidence_pseudocount: float = 2.0
     match_len_pseudocount: float = 1.0
     support_table_bits: int = 23
+    truncate_by_evidence: bool = True
 
     def __post_init__(self) -> None:
         def need(ok: bool, msg: str) -> None:

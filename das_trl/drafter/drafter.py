@@ -224,7 +224,7 @@ class DASDrafter:
             order = {s: i for i, s in enumerate(SOURCE_ORDER)}
             cands.sort(key=lambda c: order[c.source])
             best = choose(cands, cfg.evidence_pseudocount, cfg.match_len_pseudocount,
-                          cfg.min_token_prob)
+                          cfg.min_token_prob, cfg.truncate_by_evidence)
             if best is None:
                 return []
             self._drafts += 1

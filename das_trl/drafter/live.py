@@ -7,6 +7,11 @@
   ahead of it or already finished. A finished sibling's output stays visible until the
   next ``add_rollouts`` for its problem brings it into the history (then it is removed,
   so nothing is counted twice) or until ``max_lingering_finished`` pushes it out.
+* Batch tree (``share_running_batch``): one tree over the live outputs of *all* requests in
+  the engine, across problems (what vLLM's ``suffix`` method gets from arctic's
+  ``add_active_response``): rollouts of different problems in one RL batch share format and
+  phrasing, and in the first epoch nothing else is there to draft from. Same lingering
+  rules as the sibling trees.
 
 Support counts here live only in this process, so they are dicts keyed by token tuples
 (fast, exact); history counts use the numpy table of ``support.py``.
@@ -31,7 +36,16 @@ class _SiblingGroup:
     grams: dict[int, set[tuple]] = field(default_factory=dict)  # seq id -> its distinct grams
     running: int = 0
     finished: set[int] = field(default_factory=set)
+    problem_of: dict[int, int] = field(default_factory=dict)  # seq id -> its request's problem key
     next_seq: int = 0
+
+
+@dataclass
+class _Membership:
+    group_key: int  # problem key (siblings) or BATCH_GROUP
+    source: str  # arbitration source name
+    seq: int  # the request's sequence id in the group's tree
+    tail: list[int] = field(default_factory=list)  # last g-1 tokens of that sequence
 
 
 @dataclass
@@ -40,9 +54,12 @@ class _Request:
     local: SuffixTree | None
     local_counts: dict[tuple, int]  # gram -> occurrences in prompt + output
     tail: list[int]  # last g-1 tokens of prompt + output
-    sib_seq: int | None
-    sib_tail: list[int]  # last g-1 tokens of the sibling sequence
+    groups: list[_Membership]
     output_len: int = 0
+
+
+# Group key of the cross-problem batch tree (problem keys are >= 0, so it cannot clash).
+BATCH_GROUP = -1
 
 
 class LivePool:
@@ -87,24 +104,31 @@ class LivePool:
             for i in range(len(p) - g + 1):
                 gram = tuple(p[i:i + g])
                 counts[gram] = counts.get(gram, 0) + 1
-        req = _Request(problem_key, local, counts, prompt[-(g - 1):].tolist(), None, [])
+        req = _Request(problem_key, local, counts, prompt[-(g - 1):].tolist(), [])
+        tail = prompt[-self.cfg.prompt_tail_tokens:] if self.cfg.prompt_tail_tokens else prompt[:0]
+        joins = []
         if self.cfg.share_running_siblings:
-            grp = self._groups.get(problem_key)
+            joins.append((problem_key, "siblings"))
+        if self.cfg.share_running_batch:
+            joins.append((BATCH_GROUP, "batch"))
+        for group_key, source in joins:
+            grp = self._groups.get(group_key)
             if grp is None:
-                grp = self._groups[problem_key] = _SiblingGroup(SuffixTree(self.cfg.max_tree_depth))
-            req.sib_seq = grp.next_seq
+                grp = self._groups[group_key] = _SiblingGroup(SuffixTree(self.cfg.max_tree_depth))
+            member = _Membership(group_key, source, grp.next_seq)
             grp.next_seq = (grp.next_seq + 1) & 0x7FFFFFFF
             grp.running += 1
-            grp.grams[req.sib_seq] = set()
-            tail = prompt[-self.cfg.prompt_tail_tokens:] if self.cfg.prompt_tail_tokens else prompt[:0]
-            grp.tree.extend_ndarray(req.sib_seq, tail.copy())
-            self._count_sibling(grp, req, tail.tolist())
+            grp.grams[member.seq] = set()
+            grp.problem_of[member.seq] = problem_key
+            grp.tree.extend_ndarray(member.seq, tail.copy())
+            self._count_group(grp, member, tail.tolist())
+            req.groups.append(member)
         self._reqs[request_id] = req
 
-    def _count_sibling(self, grp: _SiblingGroup, req: _Request, tokens: list[int]) -> None:
+    def _count_group(self, grp: _SiblingGroup, member: _Membership, tokens: list[int]) -> None:
         g = self.cfg.support_ngram
-        mine = grp.grams[req.sib_seq]
-        window = req.sib_tail
+        mine = grp.grams[member.seq]
+        window = member.tail
         for t in tokens:
             window.append(t)
             if len(window) > g:
@@ -134,31 +158,32 @@ class LivePool:
             del window[:-(g - 1)]
         else:
             req.tail = (req.tail + tokens)[-(g - 1):]
-        if req.sib_seq is not None:
-            grp = self._groups[req.problem_key]
-            grp.tree.extend(req.sib_seq, tokens)
-            self._count_sibling(grp, req, tokens)
+        for member in req.groups:
+            grp = self._groups[member.group_key]
+            grp.tree.extend(member.seq, tokens)
+            self._count_group(grp, member, tokens)
 
     def stop(self, request_id: str) -> None:
-        """Forget a request; its sibling output lingers (see module docstring).
+        """Forget a request; its sibling/batch outputs linger (see module docstring).
         Raises ``KeyError`` if unknown."""
         req = self._reqs.pop(request_id)
-        if req.sib_seq is None:
-            return
-        grp = self._groups[req.problem_key]
-        grp.running -= 1
-        grp.finished.add(req.sib_seq)
-        self._lingering.append((req.problem_key, req.sib_seq))
-        if req.output_len == 0:
-            self._drop_sibling(req.problem_key, req.sib_seq)
+        for member in req.groups:
+            grp = self._groups[member.group_key]
+            grp.running -= 1
+            grp.finished.add(member.seq)
+            if req.output_len == 0:
+                self._drop_member(member.group_key, member.seq)
+            else:
+                self._lingering.append((member.group_key, member.seq))
         while len(self._lingering) > self.cfg.max_lingering_finished:
-            self._drop_sibling(*self._lingering.popleft())
+            self._drop_member(*self._lingering.popleft())
 
-    def _drop_sibling(self, problem_key: int, seq: int) -> None:
-        grp = self._groups.get(problem_key)
+    def _drop_member(self, group_key: int, seq: int) -> None:
+        grp = self._groups.get(group_key)
         if grp is None or seq not in grp.finished:
             return  # already released by add_rollouts
         grp.finished.discard(seq)
+        grp.problem_of.pop(seq, None)
         grp.tree.remove(seq)
         for h in grp.grams.pop(seq):
             c = grp.counts[h] - 1
@@ -167,18 +192,21 @@ class LivePool:
             else:
                 del grp.counts[h]
         if grp.running == 0 and not grp.finished:
-            del self._groups[problem_key]
+            del self._groups[group_key]
 
     def release_finished(self, problem_key: int) -> int:
-        """Drop finished sibling outputs of a problem (its rollouts just entered the
-        history). Returns how many were dropped."""
-        grp = self._groups.get(problem_key)
-        if grp is None:
-            return 0
-        seqs = list(grp.finished)
-        for seq in seqs:
-            self._drop_sibling(problem_key, seq)
-        return len(seqs)
+        """Drop finished outputs of a problem from its sibling tree and the batch tree (its rollouts just entered
+        the history). Returns how many sequences were dropped."""
+        dropped = 0
+        for group_key in (problem_key, BATCH_GROUP):
+            grp = self._groups.get(group_key)
+            if grp is None:
+                continue
+            seqs = [s for s in grp.finished if grp.problem_of.get(s) == problem_key]
+            for seq in seqs:
+                self._drop_member(group_key, seq)
+            dropped += len(seqs)
+        return dropped
 
     def clear(self) -> None:
         """Forget all requests and sibling outputs."""
@@ -188,25 +216,27 @@ class LivePool:
 
     # ------------------------------------------------------------------ drafting
     def candidates(self, request_id: str, context: list[int], max_tokens: int) -> list[Candidate]:
-        """Drafts from the sibling tree and the local tree (in that order).
+        """Drafts from the sibling tree, the batch tree and the local tree (in that order).
 
-        Support: siblings = other live/finished siblings containing the g-gram (own
-        sequence excluded); local = earlier occurrences of the g-gram in the request's
-        own prompt + output. ``KeyError`` if the request is unknown.
+        Support: siblings / batch = other live or finished sequences of that tree containing the g-gram (the
+        request's own sequence excluded); local = earlier occurrences of the g-gram in the request's own prompt +
+        output. ``KeyError`` if the request is unknown.
         """
         req = self._reqs[request_id]
         cfg = self.cfg
         g1 = cfg.support_ngram - 1
         out = []
-        grp = self._groups.get(req.problem_key) if req.sib_seq is not None else None
-        if grp is not None and grp.tree.num_seqs() > 1:
+        for member in req.groups:
+            grp = self._groups[member.group_key]
+            if grp.tree.num_seqs() <= 1:
+                continue
             d = grp.tree.speculate(context, max_tokens, cfg.max_spec_factor,
                                    cfg.max_spec_offset, cfg.min_token_prob, False)
             if d.token_ids and d.match_len >= cfg.min_match_len:
                 tokens = list(d.token_ids)
                 h = tuple(context[-g1:] + tokens[:1])
-                support = grp.counts.get(h, 0) - (h in grp.grams[req.sib_seq])
-                out.append(Candidate("siblings", tokens, list(d.probs), int(d.match_len), support))
+                support = grp.counts.get(h, 0) - (h in grp.grams[member.seq])
+                out.append(Candidate(member.source, tokens, list(d.probs), int(d.match_len), support))
         if req.local is not None:
             d = req.local.speculate(context, max_tokens, cfg.max_spec_factor,
                                     cfg.max_spec_offset, cfg.min_token_prob, False)
@@ -220,6 +250,6 @@ class LivePool:
         """``{active_requests, sibling_groups, lingering_finished}``."""
         return {
             "active_requests": len(self._reqs),
-            "sibling_groups": len(self._groups),
+            "sibling_groups": sum(1 for k in self._groups if k != BATCH_GROUP),
             "lingering_finished": sum(len(g.finished) for g in self._groups.values()),
         }

@@ -6,7 +6,9 @@ from das_trl.drafter import problem_key as pkey
 
 
 def test_confidence_grows_with_support_and_match_len():
-    assert confidence(0, 10, 2.0, 1.0) == 0.0
+    # A tree continuation is backed by >= 1 sequence even when the g-gram count is 0 (match shorter than g - 1).
+    assert confidence(0, 10, 2.0, 1.0) == confidence(1, 10, 2.0, 1.0) > 0.0
+    assert confidence(5, 0, 2.0, 1.0) == 0.0
     assert confidence(2, 10, 2.0, 1.0) < confidence(30, 10, 2.0, 1.0)
     assert confidence(10, 1, 2.0, 1.0) < confidence(10, 20, 2.0, 1.0)
     assert confidence(2, 1, 2.0, 0.0) == pytest.approx(0.5)
@@ -23,8 +25,9 @@ def test_choose_prefers_support_over_raw_score():
 def test_choose_truncates_below_min_prob_and_none_when_empty():
     c = Candidate("local", [1, 2, 3], [1.0, 0.5, 0.2], match_len=100, support=100)
     assert choose([c], 2.0, 1.0, 0.3).token_ids == [1, 2]
-    zero = Candidate("problem", [1], [1.0], match_len=3, support=0)
-    assert choose([zero], 2.0, 1.0, 0.1) is None
+    weak = Candidate("problem", [1], [1.0], match_len=1, support=0)  # 1/3 * 1/2 < 0.2
+    assert choose([weak], 2.0, 1.0, 0.2) is None
+    assert choose([], 2.0, 1.0, 0.1) is None
 
 
 def _build_conflict(rng, d):

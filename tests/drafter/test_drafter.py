@@ -53,7 +53,7 @@ def test_local_tree_drafts_from_own_repetition(rng):
 
 
 def test_running_siblings_see_each_other_and_are_not_double_counted(rng):
-    d = make_drafter()
+    d = make_drafter(share_running_batch=False)
     prompt = rand_seq(rng, 30)
     text = rand_seq(rng, 100)
     d.start_request("a", prompt)
@@ -75,12 +75,36 @@ def test_running_siblings_see_each_other_and_are_not_double_counted(rng):
 
 
 def test_siblings_off_hides_them(rng):
-    d = make_drafter(share_running_siblings=False)
+    d = make_drafter(share_running_siblings=False, share_running_batch=False)
     prompt, text = rand_seq(rng, 30), rand_seq(rng, 100)
     d.start_request("a", prompt)
     d.start_request("b", prompt)
     d.extend_request("a", text[:80])
     assert d.propose("b", prompt + text[:10], 8) == []
+
+
+def test_batch_tree_shares_outputs_across_problems_until_pushed(rng):
+    d = make_drafter(share_running_siblings=False)
+    p1, p2, text = rand_seq(rng, 30), rand_seq(rng, 30), rand_seq(rng, 100)
+    d.start_request("a", p1)
+    d.start_request("b", p2)  # another problem
+    d.extend_request("a", text[:80])
+    d.extend_request("b", text[:10])
+    assert d.propose("b", p2 + text[:10], 8) == text[10:18]
+    assert d.stats()["wins"]["batch"] == 1
+    d.stop_request("a")
+    assert d.stats()["lingering_finished"] == 1
+    # a's rollouts enter the history: its batch-tree copy is released (no double counting) ...
+    d.add_rollouts([p1], [text[:80]])
+    assert d.stats()["lingering_finished"] == 0
+    # ... and b (a different problem) still drafts from the global history tree.
+    assert d.propose("b", p2 + text[:20], 8) == text[20:28]
+    assert d.stats()["wins"]["global"] == 1
+    off = make_drafter(share_running_siblings=False, share_running_batch=False, use_global_tree=False)
+    off.start_request("a", p1)
+    off.start_request("b", p2)
+    off.extend_request("a", text[:80])
+    assert off.propose("b", p2 + text[:10], 8) == []
 
 
 @pytest.mark.parametrize("bad", [[-1, 5], [2**31], [1.5, 2.0], ["x"], [True, 3], [[1, 2]]])
