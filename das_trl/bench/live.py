@@ -35,7 +35,7 @@ starts.
 
 **Wall time on a CPU is not a speed claim**: a CPU is compute-bound, so draft verification costs real time there.
 
-CLI (CPU defaults: 8 prompts x 4 samples, 128 max tokens, 2 warm epochs)::
+CLI (CPU defaults: 8 prompts x 4 samples, 64 max tokens, 1 warm epoch; sized for a shared 2-core machine)::
 
     das-trl bench live --out runs/live
     das-trl bench live --greedy --out runs/live-greedy
@@ -110,11 +110,11 @@ class LiveConfig:
     task: str = "gsm_symbolic"
     prompts: int = 8
     samples: int = 4
-    max_tokens: int = 128
+    max_tokens: int = 64
     temperature: float = 0.8
     greedy: bool = False
     history: str | None = None
-    warm_epochs: int = 2
+    warm_epochs: int = 1
     num_speculative_tokens: int = 16
     das_config: dict[str, Any] | None = None
     seed: int = 0
@@ -571,7 +571,12 @@ def write_plot(reports: Sequence[DrafterReport], path: str | Path) -> str:
 
 
 # ---------------------------------------------------------------------------- driver
-def run_live(cfg: LiveConfig, log=print) -> dict[str, Any]:
+def _log(message: str) -> None:
+    # Flushed at once: vLLM forks helper processes, which would print a block-buffered stdout again.
+    print(message, flush=True)
+
+
+def run_live(cfg: LiveConfig, log=_log) -> dict[str, Any]:
     """Run the A/B and return the JSON-able result (see the module docstring; ``ok`` is False if a check failed).
 
     Raises:
@@ -688,6 +693,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kv-cache-bytes", type=int, default=d.kv_cache_bytes, help="CPU build: KV cache size")
     p.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization, help="GPU builds")
     p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
+    p.add_argument("--enforce-eager", choices=("auto", "yes", "no"), default="auto",
+                   help="vLLM eager mode (auto: on for CPU builds, off for GPUs; yes skips CUDA-graph capture)")
     p.add_argument("--time-limit", type=float, default=None,
                    help="seconds; past it the running batch is aborted and later drafters skipped (reported)")
     p.add_argument("--out", default="runs/live", help="output folder: live.json, live.png, table.txt")
@@ -705,7 +712,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         das_config=json.loads(args.das_config) if args.das_config else None, seed=args.seed, dtype=args.dtype,
         max_model_len=args.max_model_len, kv_cache_bytes=args.kv_cache_bytes,
         gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
-        time_limit_s=args.time_limit,
+        time_limit_s=args.time_limit, enforce_eager={"auto": None, "yes": True, "no": False}[args.enforce_eager],
     )
     result = run_live(cfg)
     out = Path(args.out)
