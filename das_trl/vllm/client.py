@@ -11,9 +11,10 @@ import json
 import os
 import tempfile
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from das_trl.vllm.payload import encode_rollouts
+from das_trl.vllm.payload import encode_history_state, encode_rollouts
 
 
 class DASEngineError(RuntimeError):
@@ -77,6 +78,25 @@ class DASEngine:
         """
         payload = encode_rollouts(prompts, completions, problem_keys)
         return self._das_call("das_add_history", payload)[0]
+
+    def history_digests(self) -> list[str]:
+        """Every worker's history digest (:func:`das_trl.drafter.digest.state_digest`), worker order.
+
+        Raises:
+            DASEngineError: unreachable, or not a DAS engine.
+        """
+        return [str(r["digest"]) for r in self._das_call("das_history_digest")]
+
+    def load_history(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Replace every worker's history with ``state`` (:meth:`das_trl.drafter.RolloutHistory.to_state` output).
+
+        Returns:
+            worker 0's reply ``{"ok", "digest", "seconds", "stats"}``.
+
+        Raises:
+            DASEngineError: a worker rejected the state (e.g. over the payload limit; its history is unchanged).
+        """
+        return self._das_call("das_load_history", encode_history_state(state))[0]
 
     def reset(self, what: str = "all") -> dict[str, Any]:
         """Reset ``"counters"``, ``"history"`` or ``"all"``."""
@@ -213,3 +233,66 @@ class HTTPDASEngine(DASEngine):
             save_file(tensors, os.path.join(tmp, "model.safetensors"))
             os.chmod(tmp, 0o755)
             self.reload_weights_from_dir(tmp)
+
+
+@dataclass
+class HistoryConsistency:
+    """What :func:`check_history_consistency` found.
+
+    Attributes:
+        digests: ``{"<engine name> worker <i>": digest}`` for every worker that answered.
+        expected: the reference digest (the trainer's mirror), or ``None`` to compare workers among themselves.
+        errors: ``{"<engine name>": message}`` for engines that could not be asked.
+    """
+
+    digests: dict[str, str] = field(default_factory=dict)
+    expected: str | None = None
+    errors: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def diverged(self) -> list[str]:
+        """Workers whose digest differs from ``expected`` (or, without one, from the most common digest)."""
+        if not self.digests:
+            return []
+        reference = self.expected
+        if reference is None:
+            values = list(self.digests.values())
+            reference = max(set(values), key=values.count)
+        return [name for name, digest in self.digests.items() if digest != reference]
+
+    @property
+    def consistent(self) -> bool:
+        """True when every engine answered and all workers hold the same history (equal to ``expected`` if set)."""
+        return not self.errors and not self.diverged
+
+    def report(self) -> str:
+        """One line for logs: ``"history consistent across N workers"`` or what diverged / failed."""
+        if self.consistent:
+            return f"history consistent across {len(self.digests)} worker(s) (digest {next(iter(self.digests.values()), '-')})"
+        parts = []
+        if self.diverged:
+            parts.append("diverged: " + ", ".join(f"{n}={self.digests[n]}" for n in self.diverged))
+        if self.errors:
+            parts.append("unreachable: " + ", ".join(f"{n} ({e})" for n, e in self.errors.items()))
+        return f"history NOT consistent (expected {self.expected or 'majority'}): " + "; ".join(parts)
+
+
+def check_history_consistency(engines: Sequence[DASEngine], expected: str | None = None) -> HistoryConsistency:
+    """Ask every worker of every engine for its history digest and compare.
+
+    Args:
+        engines: the engines that should hold the same history (data-parallel engines, several server URLs).
+        expected: digest they should all have (e.g. ``state_digest`` of the trainer's mirror); ``None`` compares
+            them with each other.
+
+    Returns:
+        :class:`HistoryConsistency`; never raises for an unreachable engine (it is listed in ``errors``).
+    """
+    result = HistoryConsistency(expected=expected)
+    for engine in engines:
+        try:
+            for i, digest in enumerate(engine.history_digests()):
+                result.digests[f"{engine.name} worker {i}"] = digest
+        except DASEngineError as exc:
+            result.errors[engine.name] = str(exc)
+    return result

@@ -90,6 +90,18 @@ def encode_rollouts(
     return base64.b64encode(blob).decode("ascii")
 
 
+def _unbase64(payload: str | bytes, max_payload_bytes: int) -> bytes:
+    """Size-check then base64-decode a payload. Raises PayloadError (not a string, oversized, not base64)."""
+    if not isinstance(payload, (str, bytes)):
+        raise PayloadError(f"payload must be a base64 string, got {type(payload).__name__}")
+    if len(payload) > max_payload_bytes:
+        raise PayloadError(f"payload of {len(payload)} bytes exceeds the limit of {max_payload_bytes} bytes")
+    try:
+        return base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise PayloadError(f"payload is not valid base64: {exc}") from None
+
+
 def decode_rollouts(
     payload: str | bytes,
     vocab_size: int | None = None,
@@ -108,14 +120,7 @@ def decode_rollouts(
     Raises:
         PayloadError: with a message naming what is wrong; nothing is partially applied by the caller.
     """
-    if not isinstance(payload, (str, bytes)):
-        raise PayloadError(f"payload must be a base64 string, got {type(payload).__name__}")
-    if len(payload) > max_payload_bytes:
-        raise PayloadError(f"payload of {len(payload)} bytes exceeds the limit of {max_payload_bytes} bytes")
-    try:
-        blob = base64.b64decode(payload, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise PayloadError(f"payload is not valid base64: {exc}") from None
+    blob = _unbase64(payload, max_payload_bytes)
     if len(blob) < 8 or blob[:4] != MAGIC:
         raise PayloadError("payload does not start with the DAS1 magic: not a das-trl history payload")
     (header_len,) = struct.unpack("<I", blob[4:8])
@@ -151,3 +156,122 @@ def decode_rollouts(
     seqs = [tokens[bounds[i] : bounds[i + 1]] for i in range(len(bounds) - 1)]
     n = len(prompt_lens)
     return Rollouts(prompts=seqs[:n], completions=seqs[n:], problem_keys=problem_keys)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Whole-history payloads (``das_load_history``) and checkpoint files: RolloutHistory.to_state() as an .npz archive.
+
+HISTORY_MAGIC = b"DASH"
+_STATE_INTS = ("version", "window", "token_budget", "next_id", "evicted_appearances")
+_STATE_ARRAYS = ("appearance_ids", "problem_keys", "num_seqs", "seq_lens", "tokens", "tail_lens", "tails")
+
+
+def history_state_to_bytes(state: dict) -> bytes:
+    """Serialize a :meth:`~das_trl.drafter.RolloutHistory.to_state` dict as an uncompressed ``.npz`` archive.
+
+    Args:
+        state: the dict (ints and integer numpy arrays).
+
+    Returns:
+        ``bytes`` (about 4 bytes per history token plus per-sequence lengths); readable with
+        ``np.load(..., allow_pickle=False)``.
+
+    Raises:
+        PayloadError: a key is missing or an array is not an integer array (object arrays would need pickle).
+    """
+    import io
+
+    arrays = {}
+    for key in _STATE_INTS + _STATE_ARRAYS:
+        if key not in state:
+            raise PayloadError(f"history state lacks {key!r}")
+        arr = np.asarray(state[key])
+        if arr.dtype.kind not in "iu":
+            raise PayloadError(f"history state {key!r} has dtype {arr.dtype}, expected integers")
+        arrays[key] = arr
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
+def history_state_from_bytes(data: bytes, vocab_size: int | None = None,
+                             max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> dict:
+    """Parse :func:`history_state_to_bytes` output without unpickling anything.
+
+    Args:
+        data: the archive bytes.
+        vocab_size: when given, every token id (completions and prompt tails) must be ``< vocab_size``.
+        max_bytes: limit on the archive and on its declared uncompressed size (guards against zip bombs).
+
+    Returns:
+        ``dict`` with the ints of the state as Python ints and its arrays as numpy arrays, ready for
+        ``RolloutHistory.from_state`` / ``DASDrafter.load_state_dict`` (which check the arrays' consistency).
+
+    Raises:
+        PayloadError: not an npz archive, too large, unexpected members, missing keys, non-integer or object arrays,
+            negative or out-of-vocabulary token ids.
+    """
+    import io
+    import zipfile
+
+    if len(data) > max_bytes:
+        raise PayloadError(f"history archive of {len(data)} bytes exceeds the limit of {max_bytes} bytes")
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            members = archive.infolist()
+    except (zipfile.BadZipFile, ValueError, OSError) as exc:
+        raise PayloadError(f"history archive is not a valid .npz file: {exc}") from None
+    expected = {f"{k}.npy" for k in _STATE_INTS + _STATE_ARRAYS}
+    names = {m.filename for m in members}
+    if names != expected:
+        raise PayloadError(f"history archive members {sorted(names)} differ from the expected {sorted(expected)}")
+    declared = sum(m.file_size for m in members)
+    if declared > max_bytes:
+        raise PayloadError(f"history archive declares {declared} uncompressed bytes, over the limit of {max_bytes}")
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+            loaded = {k: npz[k] for k in npz.files}
+    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:  # object arrays raise ValueError here
+        raise PayloadError(f"history archive cannot be read without pickle: {exc}") from None
+    state: dict = {}
+    for key, arr in loaded.items():
+        if arr.dtype.kind not in "iu":
+            raise PayloadError(f"history archive {key!r} has dtype {arr.dtype}, expected integers")
+        if key in _STATE_INTS:
+            if arr.ndim != 0:
+                raise PayloadError(f"history archive {key!r} must be a scalar")
+            state[key] = int(arr)
+        else:
+            if arr.ndim != 1:
+                raise PayloadError(f"history archive {key!r} must be 1-D, got shape {arr.shape}")
+            state[key] = arr.copy()  # writeable (arctic's *_ndarray methods reject read-only arrays)
+    for key in ("tokens", "tails"):
+        arr = state[key]
+        if arr.size and (arr.min() < 0 or arr.max() >= 2**31):
+            raise PayloadError(f"history archive {key!r} holds token ids outside [0, 2**31)")
+        if vocab_size is not None and arr.size and arr.max() >= vocab_size:
+            raise PayloadError(f"history archive holds token id {int(arr.max())} outside the vocabulary "
+                               f"(size {vocab_size})")
+    return state
+
+
+def encode_history_state(state: dict) -> str:
+    """Encode a whole history for ``das_load_history``: ``base64(b"DASH" | npz archive)`` (ASCII ``str``).
+
+    Raises:
+        PayloadError: see :func:`history_state_to_bytes`.
+    """
+    return base64.b64encode(HISTORY_MAGIC + history_state_to_bytes(state)).decode("ascii")
+
+
+def decode_history_state(payload: str | bytes, vocab_size: int | None = None,
+                         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> dict:
+    """Decode :func:`encode_history_state` output (size checked before decoding; nothing unpickled).
+
+    Raises:
+        PayloadError: oversized, not base64, wrong magic, or any :func:`history_state_from_bytes` error.
+    """
+    blob = _unbase64(payload, max_payload_bytes)
+    if blob[:4] != HISTORY_MAGIC:
+        raise PayloadError("payload does not start with the DASH magic: not a das-trl history state")
+    return history_state_from_bytes(blob[4:], vocab_size=vocab_size, max_bytes=max_payload_bytes)

@@ -38,7 +38,27 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--startup-timeout", type=float, default=900.0, help="seconds to wait for /health")
+    parser.add_argument("--max-payload-bytes", type=int, default=None,
+                        help="largest history payload the workers accept (DAS_TRL_MAX_PAYLOAD_BYTES; default 256 MiB)")
     return parser
+
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+def warn_if_exposed(host: str) -> bool:
+    """Log a loud warning when ``host`` is not a loopback address (dev-mode RPCs would be reachable from the network).
+
+    Returns:
+        True if the warning was logged.
+    """
+    if host in LOOPBACK_HOSTS or host.startswith("127."):
+        return False
+    logger.warning(
+        "!!! binding to %s: the dev-mode endpoints (/collective_rpc, weight reload) accept calls from anyone who "
+        "can reach this address. Only do this on a trusted network. !!!", host
+    )
+    return True
 
 
 def build_command(args: argparse.Namespace, extra: list[str], cpu: bool) -> list[str]:
@@ -90,14 +110,15 @@ def main(argv: list[str] | None = None) -> int:
         from das_trl.defaults.model import prepare_default_model
 
         args.model = prepare_default_model()
-    if args.host not in ("127.0.0.1", "localhost", "::1"):
-        logger.warning(
-            "!!! binding to %s: the dev-mode endpoints (/collective_rpc, weight reload) accept calls from anyone who "
-            "can reach this address. Only do this on a trusted network. !!!", args.host
-        )
+    warn_if_exposed(args.host)
     cpu = is_cpu_build()
     command = build_command(args, extra, cpu)
     env = dict(os.environ, VLLM_SERVER_DEV_MODE="1")
+    if args.max_payload_bytes is not None:
+        if args.max_payload_bytes < 1:
+            logger.error("--max-payload-bytes must be >= 1, got %s", args.max_payload_bytes)
+            return 2
+        env["DAS_TRL_MAX_PAYLOAD_BYTES"] = str(args.max_payload_bytes)
     logger.info("starting: %s", " ".join(command))
     process = subprocess.Popen(command, env=env)
     host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host

@@ -20,7 +20,8 @@ import time
 from typing import Any
 
 from das_trl.drafter import DrafterConfig
-from das_trl.vllm.payload import DEFAULT_MAX_PAYLOAD_BYTES, PayloadError, decode_rollouts
+from das_trl.drafter.digest import state_digest
+from das_trl.vllm.payload import DEFAULT_MAX_PAYLOAD_BYTES, PayloadError, decode_history_state, decode_rollouts
 from das_trl.vllm.proposer import DASProposer
 
 logger = logging.getLogger(__name__)
@@ -32,6 +33,30 @@ WORKER_EXTENSION_QUALNAME = "das_trl.vllm.worker_extension.DASWorkerExtension"
 
 def _error(message: str) -> dict[str, Any]:
     return {"ok": False, "error": message}
+
+
+def payload_limit(max_payload_bytes: str = "") -> int:
+    """The payload size limit in bytes: ``max_payload_bytes`` (decimal string), else the environment variable
+    ``DAS_TRL_MAX_PAYLOAD_BYTES``, else ``DEFAULT_MAX_PAYLOAD_BYTES`` (256 MiB).
+
+    Raises:
+        PayloadError: the limit is not a positive decimal integer.
+    """
+    text = str(max_payload_bytes or os.environ.get("DAS_TRL_MAX_PAYLOAD_BYTES", DEFAULT_MAX_PAYLOAD_BYTES))
+    try:
+        limit = int(text)
+    except ValueError:
+        raise PayloadError(f"max_payload_bytes must be a decimal integer, got {text!r}") from None
+    if limit < 1:
+        raise PayloadError(f"max_payload_bytes must be >= 1, got {limit}")
+    return limit
+
+
+def _safetensors_dir(path: str) -> bool:
+    try:
+        return os.path.isdir(path) and any(name.endswith(".safetensors") for name in os.listdir(path))
+    except OSError:
+        return False
 
 
 class DASWorkerExtension:
@@ -97,6 +122,9 @@ class DASWorkerExtension:
         """
         if not weights_path and weights_iterator is None:
             return _error("das_reload_weights needs weights_path or weights_iterator")
+        if weights_path and not _safetensors_dir(weights_path):
+            # Only safetensors: a directory of pickled checkpoints (.bin/.pt) would be unpickled by the loader.
+            return _error(f"das_reload_weights: {weights_path!r} is not a directory of .safetensors files")
         started = time.perf_counter()
         try:
             if weights_iterator is not None:
@@ -151,15 +179,56 @@ class DASWorkerExtension:
         proposer = self._das_proposer()
         if proposer is None:
             return _error("this engine does not run the DAS drafter: nothing to add history to")
-        limit = int(max_payload_bytes or os.environ.get("DAS_TRL_MAX_PAYLOAD_BYTES", DEFAULT_MAX_PAYLOAD_BYTES))
         started = time.perf_counter()
         try:
+            limit = payload_limit(max_payload_bytes)
             rollouts = decode_rollouts(payload, vocab_size=proposer.vocab_size, max_payload_bytes=limit)
             added = proposer.drafter.add_rollouts(rollouts.prompts, rollouts.completions, rollouts.problem_keys)
         except (PayloadError, ValueError) as exc:
             logger.warning("rejected a DAS history payload: %s", exc)
             return _error(f"rejected history payload: {exc}")
         return {"ok": True, "added": added, "seconds": time.perf_counter() - started, "stats": proposer.stats()}
+
+    def das_history_digest(self) -> dict[str, Any]:
+        """Content digest of this worker's history (:func:`das_trl.drafter.digest.state_digest`), to compare engines.
+
+        Returns:
+            ``{"ok": True, "digest": str, "stats": {...}}``. Cost: one pass over the history (it holds the drafter's
+            lock meanwhile, so drafting waits; about 0.1 s per 10M history tokens).
+        """
+        proposer = self._das_proposer()
+        if proposer is None:
+            return _error("this engine does not run the DAS drafter")
+        digest = state_digest(proposer.drafter.state_dict()["history"])
+        return {"ok": True, "digest": digest, "stats": proposer.stats()}
+
+    def das_load_history(self, payload: str, max_payload_bytes: str = "") -> dict[str, Any]:
+        """Replace the whole history with a saved one (:func:`~das_trl.vllm.payload.encode_history_state`).
+
+        Used to restore a checkpoint's history and to repair an engine whose history diverged. The engine's window
+        and token budget apply (a smaller budget trims the oldest appearances); running requests keep drafting.
+
+        Args:
+            payload: base64 ``DASH`` payload.
+            max_payload_bytes: optional limit as a decimal string (default as :meth:`das_add_history`).
+
+        Returns:
+            ``{"ok": True, "digest": str, "seconds": float, "stats": {...}}`` or ``{"ok": False, "error": ...}``; a
+            rejected payload leaves the current history in place.
+        """
+        proposer = self._das_proposer()
+        if proposer is None:
+            return _error("this engine does not run the DAS drafter: nothing to load history into")
+        started = time.perf_counter()
+        try:
+            state = decode_history_state(payload, vocab_size=proposer.vocab_size,
+                                         max_payload_bytes=payload_limit(max_payload_bytes))
+            proposer.drafter.load_state_dict({"history": state})
+        except (PayloadError, ValueError, KeyError) as exc:
+            logger.warning("rejected a DAS history state: %s", exc)
+            return _error(f"rejected history state: {exc}")
+        digest = state_digest(proposer.drafter.state_dict()["history"])
+        return {"ok": True, "digest": digest, "seconds": time.perf_counter() - started, "stats": proposer.stats()}
 
     def das_stats(self) -> dict[str, Any]:
         """``{"ok": True, "stats": {...}}`` with :meth:`DASProposer.stats`, or an error when DAS is not running."""

@@ -1,0 +1,182 @@
+"""Benchmark: the drafter's memory stays bounded by its history token budget (reliability case 1).
+
+Pushes a synthetic GRPO run through the public :class:`~das_trl.drafter.DASDrafter` API — ``--problems`` problems,
+each appearing ``--appearances`` times (one appearance per RL epoch) with ``--samples`` sibling completions of about
+``--length`` tokens — and checks after every push that
+
+- the history holds at most ``--budget`` completion tokens (``stats()["tokens"]``);
+- evictions are counted (``stats()["evicted_appearances"]`` equals appearances pushed minus appearances kept);
+- eviction is oldest-first: a :class:`~das_trl.drafter.RolloutHistory` given the same pushes keeps exactly the most
+  recent appearances (with ``appearances <= window`` only the budget evicts, so the kept ones are a suffix of the
+  push order).
+
+It reports the process's resident memory (psutil RSS) per history token, the history's own ``approx_bytes``, the time
+of each push, and the time to take a state dict and a history digest at the final size (the cost of checkpointing
+and of the engine-consistency check).
+
+Default run (well under a minute on 2 CPU cores)::
+
+    python -m das_trl.bench.history_memory
+
+Full size of the reliability catalogue (10,000 problems x 16 samples x 16 appearances, long completions; hours of
+tree building on a 2-core CPU)::
+
+    python -m das_trl.bench.history_memory --problems 10000 --samples 16 --appearances 16 --window 16 \
+        --length 2048 --budget 32000000
+
+Siblings of a problem are its template with ~10% of tokens resampled and ragged lengths (60-100% of ``--length``),
+so the suffix trees see realistic repetition rather than pure noise. RSS includes the suffix trees, the support
+table (fixed, allocated before the baseline) and allocator slack; figures are per machine, not a speed claim.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import time
+
+import numpy as np
+
+from das_trl.drafter import DASDrafter, DrafterConfig, RolloutHistory
+from das_trl.drafter.digest import state_digest
+
+
+def _rss() -> int:
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
+
+
+def _siblings(rng: np.random.Generator, template: np.ndarray, samples: int, vocab: int) -> list[np.ndarray]:
+    block = np.tile(template, (samples, 1))
+    mask = rng.random(block.shape) < 0.10
+    block[mask] = rng.integers(0, vocab, int(mask.sum()), dtype=np.int32)
+    lengths = rng.integers(len(template) * 6 // 10, len(template) + 1, samples)
+    return [block[i, : lengths[i]].copy() for i in range(samples)]
+
+
+def run(problems: int = 64, samples: int = 16, appearances: int = 4, length: int = 128, window: int = 16,
+        budget: int = 200_000, problems_per_step: int = 64, vocab: int = 49152, seed: int = 0,
+        verbose: bool = False) -> dict:
+    """Push the synthetic run and measure; see the module docstring.
+
+    Args:
+        problems, samples, appearances, length: size of the synthetic run (ints >= 1).
+        window, budget: the drafter's ``window`` and ``history_token_budget``.
+        problems_per_step: problems per GRPO step (one ``add_rollouts`` call).
+        vocab: token ids are drawn from ``[0, vocab)``.
+        seed: RNG seed.
+        verbose: print one line per RL epoch.
+
+    Returns:
+        ``dict`` with the sizes, ``pushed_tokens``, ``pushed_appearances``, ``max_history_tokens`` (largest
+        ``stats()["tokens"]`` after any push), ``budget_held`` (bool), ``evicted_appearances``,
+        ``evictions_counted`` (bool), ``oldest_first`` (bool), ``history_tokens``, ``history_approx_bytes``,
+        ``rss_baseline_bytes``, ``rss_final_bytes``, ``rss_peak_bytes``, ``rss_bytes_per_history_token``,
+        ``push_seconds_mean``, ``push_seconds_max``, ``state_dict_seconds``, ``digest_seconds``, ``seconds``.
+
+    Raises:
+        ValueError: a size is < 1.
+    """
+    for name, value in dict(problems=problems, samples=samples, appearances=appearances, length=length,
+                            problems_per_step=problems_per_step).items():
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    started = time.perf_counter()
+    rng = np.random.default_rng(seed)
+    drafter = DASDrafter(DrafterConfig(window=window, history_token_budget=budget))
+    mirror = RolloutHistory(window, budget)
+    gc.collect()
+    rss_baseline = rss_peak = _rss()
+    prompts = rng.integers(0, vocab, (problems, 64), dtype=np.int32)
+    templates = rng.integers(0, vocab, (problems, length), dtype=np.int32)
+    pushed_tokens = pushed_apps = max_tokens = 0
+    push_seconds: list[float] = []
+    order: list[tuple[int, int]] = []  # (problem, epoch) in push order
+    evictions_ok = True
+    for epoch in range(appearances):
+        for first in range(0, problems, problems_per_step):
+            ps, cs, keys = [], [], []
+            for p in range(first, min(first + problems_per_step, problems)):
+                comps = _siblings(rng, templates[p], samples, vocab)
+                ps += [prompts[p]] * samples
+                cs += comps
+                keys += [p] * samples
+                mirror.add(p, comps)
+                order.append((p, epoch))
+            t0 = time.perf_counter()
+            added = drafter.add_rollouts(ps, cs, keys)
+            push_seconds.append(time.perf_counter() - t0)
+            pushed_tokens += added["tokens"]
+            pushed_apps += added["problems"]
+            stats = drafter.stats()
+            max_tokens = max(max_tokens, stats["tokens"])
+            evictions_ok &= stats["evicted_appearances"] == pushed_apps - stats["appearances"]
+            rss_peak = max(rss_peak, _rss())
+        if verbose:
+            print(f"epoch {epoch + 1}/{appearances}: history {stats['tokens']:,} tokens, "
+                  f"{stats['appearances']:,} appearances, evicted {stats['evicted_appearances']:,}, "
+                  f"RSS +{(_rss() - rss_baseline) / 2**20:.0f} MiB", flush=True)
+    stats = drafter.stats()
+    rss_final = _rss()
+    kept = [(a.problem_key, a.appearance_id) for a in mirror.appearances()]
+    # appearance ids are push order; oldest-first eviction keeps the newest ones, contiguously when only the budget
+    # evicts (appearances <= window).
+    kept_ids = [app_id for _, app_id in kept]
+    oldest_first = (kept_ids == list(range(len(order) - len(kept_ids), len(order)))
+                    if appearances <= window else kept_ids == sorted(kept_ids))
+    oldest_first &= mirror.stats()["tokens"] == stats["tokens"]
+    t0 = time.perf_counter()
+    state = drafter.state_dict()["history"]
+    state_seconds = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    state_digest(state)
+    digest_seconds = time.perf_counter() - t0
+    return {
+        "problems": problems, "samples": samples, "appearances": appearances, "length": length, "window": window,
+        "budget": budget, "pushed_tokens": pushed_tokens, "pushed_appearances": pushed_apps,
+        "max_history_tokens": max_tokens, "budget_held": max_tokens <= budget,
+        "evicted_appearances": stats["evicted_appearances"], "evictions_counted": bool(evictions_ok),
+        "oldest_first": bool(oldest_first), "history_tokens": stats["tokens"],
+        "history_appearances": stats["appearances"], "history_approx_bytes": stats["approx_bytes"],
+        "rss_baseline_bytes": rss_baseline, "rss_final_bytes": rss_final, "rss_peak_bytes": rss_peak,
+        "rss_bytes_per_history_token": (rss_final - rss_baseline) / max(stats["tokens"], 1),
+        "push_seconds_mean": float(np.mean(push_seconds)), "push_seconds_max": float(np.max(push_seconds)),
+        "state_dict_seconds": state_seconds, "digest_seconds": digest_seconds,
+        "seconds": time.perf_counter() - started,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line; returns 0 when the budget held, evictions were counted and were oldest-first, else 1."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--problems", type=int, default=64)
+    ap.add_argument("--samples", type=int, default=16)
+    ap.add_argument("--appearances", type=int, default=4, help="appearances (RL epochs) of every problem")
+    ap.add_argument("--length", type=int, default=128, help="longest completion, tokens")
+    ap.add_argument("--window", type=int, default=16)
+    ap.add_argument("--budget", type=int, default=200_000, help="history_token_budget")
+    ap.add_argument("--problems-per-step", type=int, default=64)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", default=None, help="also write the result to this file")
+    args = ap.parse_args(argv)
+    result = run(args.problems, args.samples, args.appearances, args.length, args.window, args.budget,
+                 args.problems_per_step, seed=args.seed, verbose=True)
+    print(json.dumps(result, indent=1))
+    print(f"RSS per history token: {result['rss_bytes_per_history_token']:.1f} B "
+          f"(history {result['history_tokens']:,} tokens; approx_bytes {result['history_approx_bytes'] / 2**20:.0f} "
+          f"MiB; RSS +{(result['rss_final_bytes'] - result['rss_baseline_bytes']) / 2**20:.0f} MiB, peak "
+          f"+{(result['rss_peak_bytes'] - result['rss_baseline_bytes']) / 2**20:.0f} MiB)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    ok = result["budget_held"] and result["evictions_counted"] and result["oldest_first"]
+    print("OK: budget held, evictions counted, oldest-first" if ok else "FAILED: see budget_held / "
+          "evictions_counted / oldest_first")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
