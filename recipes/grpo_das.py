@@ -6,19 +6,24 @@ script arguments below), or a YAML file through ``--config``::
     accelerate launch --cpu --num_processes 1 recipes/grpo_das.py --config recipes/configs/embedded_default.yaml
     accelerate launch recipes/grpo_das.py --model_name_or_path Qwen/Qwen3-0.6B --dataset rg:gsm_symbolic \
         --use_vllm --vllm_mode server --output_dir runs/qwen-gsm
+    accelerate launch --config_file recipes/accelerate/one_gpu.yaml recipes/grpo_das.py \
+        --config recipes/configs/qwen2.5-math-1.5b_gsm8k.yaml
 
-Without ``--model_name_or_path`` it trains the embedded SmolLM2-135M-Instruct (no hub needed).
+Without ``--model_name_or_path`` it trains the embedded SmolLM2-135M-Instruct (no hub needed). Reward functions are
+chosen by name (``--reward_funcs``, see :data:`REWARD_FUNCS`) or as ``module:function``.
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
+from typing import Callable
 
-from trl import ModelConfig, TrlParser
+from trl import ModelConfig, TrlParser, get_peft_config
 
 from das_trl.defaults.data import load_prompt_dataset
 from das_trl.defaults.model import prepare_default_model
-from das_trl.defaults.rewards import DEFAULT_REWARD_FUNCS
+from das_trl.defaults.rewards import correctness_reward, format_reward, reference_answer_reward
 from das_trl.trainer import DASGRPOConfig, DASGRPOTrainer
 from das_trl.trainer.progress import DASProgressCallback
 
@@ -32,6 +37,51 @@ class ScriptArguments:
     dataset_size: int = field(default=64, metadata={"help": "reasoning-gym: number of problems"})
     dataset_seed: int = field(default=0, metadata={"help": "reasoning-gym: generation seed"})
     dataset_split: str = field(default="train", metadata={"help": "datasets: split to load"})
+    dataset_config: str | None = field(default=None, metadata={"help": "datasets: configuration name (gsm8k: main)"})
+    prompt_column: str | None = field(default=None, metadata={
+        "help": "datasets: build the conversational 'prompt' column from this text column (e.g. 'question')"})
+    solution_column: str | None = field(default=None, metadata={
+        "help": "datasets: copy this column to 'solution' (what trl.rewards.accuracy_reward reads)"})
+    reward_funcs: list[str] = field(default_factory=lambda: ["rg_correctness", "format"], metadata={
+        "help": "reward functions: names from REWARD_FUNCS or 'module:function'"})
+
+
+def _trl_accuracy(*args, **kwargs):
+    """``trl.rewards.accuracy_reward`` (math_verify; reads the 'solution' column), imported when used."""
+    from trl.rewards import accuracy_reward
+
+    return accuracy_reward(*args, **kwargs)
+
+
+#: Reward functions by name: reasoning-gym's verifier, the <answer> format bonus, exact match against an 'answer'
+#: column (GSM8K's "#### 72" understood), and TRL's math_verify accuracy (pip install math-verify).
+REWARD_FUNCS: dict[str, Callable] = {
+    "rg_correctness": correctness_reward,
+    "format": format_reward,
+    "answer_match": reference_answer_reward,
+    "trl_accuracy": _trl_accuracy,
+}
+
+
+def resolve_reward_funcs(names: list[str]) -> list[Callable]:
+    """Reward functions for ``names`` (keys of :data:`REWARD_FUNCS` or ``module:function``).
+
+    Raises:
+        ValueError: an unknown name or an import path that does not resolve.
+    """
+    out = []
+    for name in names:
+        if name in REWARD_FUNCS:
+            out.append(REWARD_FUNCS[name])
+        elif ":" in name:
+            module, _, attr = name.partition(":")
+            try:
+                out.append(getattr(importlib.import_module(module), attr))
+            except (ImportError, AttributeError) as exc:
+                raise ValueError(f"reward function {name!r} does not resolve: {exc}") from None
+        else:
+            raise ValueError(f"unknown reward function {name!r}: use one of {sorted(REWARD_FUNCS)} or module:function")
+    return out
 
 
 def main() -> None:
@@ -39,12 +89,16 @@ def main() -> None:
     script_args, training_args, model_args = parser.parse_args_and_config()
     model = model_args.model_name_or_path or prepare_default_model()
     dataset = load_prompt_dataset(script_args.dataset, size=script_args.dataset_size, seed=script_args.dataset_seed,
-                                  split=script_args.dataset_split)
+                                  split=script_args.dataset_split, config=script_args.dataset_config,
+                                  prompt_column=script_args.prompt_column)
+    if script_args.solution_column:
+        dataset = dataset.map(lambda row: {"solution": row[script_args.solution_column]})
     trainer = DASGRPOTrainer(
         model=model,
-        reward_funcs=DEFAULT_REWARD_FUNCS,
+        reward_funcs=resolve_reward_funcs(script_args.reward_funcs),
         args=training_args,
         train_dataset=dataset,
+        peft_config=get_peft_config(model_args),  # LoRA with --use_peft (the engine serves merged weights)
         callbacks=[DASProgressCallback()],
     )
     trainer.train()

@@ -29,6 +29,6 @@ fi
 # arctic-inference ships only an sdist: build it against the installed torch, without build isolation.
 pip install --quiet "nanobind==2.9.2" grpcio-tools cmake ninja wheel "setuptools>=68"
 pip install --quiet --no-build-isolation "arctic-inference==0.3.0"
-pip install --quiet --no-build-isolation -e ".[test,bench]"
+pip install --quiet --no-build-isolation -e ".[test,bench,docs]"
 echo "$WANT" > "$STAMP"
 echo "[das-trl] environment ready in $VENV"

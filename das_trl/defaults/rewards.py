@@ -149,4 +149,40 @@ def format_reward(completions: list[Any], **kwargs: Any) -> list[float]:
     return rewards
 
 
+def _as_number(text: str) -> float | None:
+    match = _NUMBER_RE.search(text.replace("$", ""))
+    if match is None or match.group(0).replace(",", "") != text.replace("$", "").replace(",", "").strip():
+        return None
+    return float(match.group(0).replace(",", ""))
+
+
+def reference_answer_reward(completions: list[Any], answer: list[Any] | None = None, **kwargs: Any) -> list[float]:
+    """Exact-answer reward for hub data sets with a reference ``answer`` column (GSM8K style).
+
+    The reference is the text after the last ``####`` when there is one (GSM8K's ``"... #### 72"``), else the whole
+    value. The completion's answer is :func:`extract_answer`'s. Numbers compare numerically (``"1,000"`` equals
+    ``"1000.0"``; a ``$`` is ignored), anything else as stripped, case-folded text.
+
+    Returns:
+        One float per completion: ``1.0`` for a match, else ``0.0`` (also when ``answer`` is missing).
+    """
+    references = _column({"answer": answer}, "answer", len(completions))
+    rewards = []
+    for completion, reference in zip(completions, references):
+        if reference is None:
+            rewards.append(0.0)
+            continue
+        gold = str(reference).rsplit("####", 1)[-1].strip()
+        given = extract_answer(completion_text(completion))
+        if given is None:
+            rewards.append(0.0)
+            continue
+        gold_num, given_num = _as_number(gold), _as_number(given.strip())
+        if gold_num is not None and given_num is not None:
+            rewards.append(1.0 if abs(gold_num - given_num) < 1e-9 else 0.0)
+        else:
+            rewards.append(1.0 if given.strip().casefold() == gold.casefold() else 0.0)
+    return rewards
+
+
 DEFAULT_REWARD_FUNCS = [correctness_reward, format_reward]

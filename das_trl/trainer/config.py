@@ -7,12 +7,17 @@ A plain ``GRPOConfig`` works with :class:`~das_trl.trainer.DASGRPOTrainer` too; 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from trl import GRPOConfig
 
 _WEIGHT_SYNC_MODES = ("auto", "nccl", "inplace", "reload")
+
+#: Environment variable with a JSON object used as ``das_vllm_kwargs`` when the config leaves it unset (e.g. to run an
+#: unchanged script on a CPU machine: ``DAS_TRL_VLLM_KWARGS='{"enforce_eager": true}'``).
+VLLM_KWARGS_ENV = "DAS_TRL_VLLM_KWARGS"
 
 
 @dataclass
@@ -59,7 +64,8 @@ class DASGRPOConfig(GRPOConfig):
         default=None,
         metadata={"help": "Extra keyword arguments for the colocated vllm.LLM (a dict, or JSON on the command "
                           "line), e.g. {\"kv_cache_memory_bytes\": 1073741824, \"enforce_eager\": true}. On CPU "
-                          "builds an explicit kv_cache_memory_bytes is the reliable way to size the KV cache."},
+                          "builds an explicit kv_cache_memory_bytes is the reliable way to size the KV cache. When "
+                          "unset, the DAS_TRL_VLLM_KWARGS environment variable (JSON) is used if present."},
     )
     das_record_rollouts: str | None = field(
         default=None,
@@ -80,6 +86,9 @@ class DASGRPOConfig(GRPOConfig):
 def das_settings(args: Any) -> dict[str, Any]:
     """The ``das_*`` settings of ``args`` (a ``DASGRPOConfig`` or any ``GRPOConfig``), defaults filled in.
 
+    An unset ``das_vllm_kwargs`` takes the JSON text of ``$DAS_TRL_VLLM_KWARGS`` when that is set (parsed by
+    :func:`validate_das_settings`).
+
     Returns:
         ``dict`` keyed by field name without the ``das_`` prefix (``"window"``, ``"weight_sync"``, ...).
     """
@@ -87,6 +96,8 @@ def das_settings(args: Any) -> dict[str, Any]:
     for f in fields(DASGRPOConfig):
         if f.name.startswith("das_"):
             out[f.name[4:]] = getattr(args, f.name, f.default)
+    if out["vllm_kwargs"] is None and os.environ.get(VLLM_KWARGS_ENV):
+        out["vllm_kwargs"] = os.environ[VLLM_KWARGS_ENV]  # JSON text: validate_das_settings parses it
     return out
 
 

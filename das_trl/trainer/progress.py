@@ -1,8 +1,18 @@
-"""One line per logged step with the figures a DAS user watches, and a summary at the end of training."""
+"""One line per logged step with the figures a DAS user watches, and a one-screen summary at the end of training.
+
+Every figure comes from the run's own ``das/*`` metrics. Tokens per verification round is the hardware-independent
+gain (a request needs that many times fewer engine rounds); rollout seconds are wall time, which on a CPU is not a
+speed measure (verification tokens cost compute there).
+"""
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 from transformers import TrainerCallback
+
+_WIDTH = 88
 
 
 def format_step(step: int, logs: dict[str, float]) -> str | None:
@@ -18,28 +28,85 @@ def format_step(step: int, logs: dict[str, float]) -> str | None:
     )
 
 
+def _mean(values: list[float]) -> float:
+    values = [v for v in values if not math.isnan(v)]
+    return sum(values) / len(values) if values else float("nan")
+
+
+def format_summary(history: list[dict[str, float]], steps: list[int] | None = None, cpu: bool | None = None) -> str:
+    """The end-of-run summary (one screen, at most ~15 lines) from the logged ``das/*`` metrics of each step.
+
+    Args:
+        history: one log dict per logged step, in order (each with ``das/rollout_seconds``).
+        steps: the global step of each entry (default 1..n).
+        cpu: whether the engine ran on a CPU build (adds the wall-time caveat); ``None`` detects it.
+
+    Returns:
+        Multi-line ``str``.
+
+    Raises:
+        ValueError: ``history`` is empty.
+    """
+    if not history:
+        raise ValueError("no DAS step metrics to summarise")
+    steps = steps or list(range(1, len(history) + 1))
+    if cpu is None:
+        try:
+            from das_trl.vllm.engine import is_cpu_build
+
+            cpu = is_cpu_build()
+        except Exception:  # noqa: BLE001 - the caveat is informational
+            cpu = True
+    n = len(history)
+    tail = max(1, n // 3)  # "last steps": the final third of the run (history has built up by then)
+    get = lambda key, default=0.0: [float(h.get(key, default)) for h in history]  # noqa: E731
+    rounds = get("das/tokens_per_round", 1.0)
+    drafted, accepted = sum(get("das/draft_tokens")), sum(get("das/accepted_tokens"))
+    rollout, sync = sum(get("das/rollout_seconds")), sum(get("das/weight_sync_seconds"))
+    rewards = get("reward", float("nan"))
+    last = history[-1]
+    first_tpr, last_tpr = rounds[0], _mean(rounds[-tail:])
+    lines = [
+        f"[das-trl] {'=' * 30} DAS run summary {'=' * 30}",
+        f"  steps logged              {n} (steps {steps[0]}-{steps[-1]})",
+        f"  tokens per round          first step {first_tpr:.2f} -> last {tail} step(s) {last_tpr:.2f}"
+        f" (run mean {_mean(rounds):.2f})",
+        f"  engine rounds per token   {1 / last_tpr:.2f} at the end (1.00 without drafting): "
+        f"{last_tpr:.2f}x fewer verification rounds",
+        f"  draft tokens              {drafted:,.0f} proposed, {accepted:,.0f} accepted "
+        f"({accepted / drafted if drafted else 0:.1%})",
+        f"  rounds with a draft       {_mean(get('das/speculated_share')):.1%} of request-rounds (mean over steps)",
+        f"  rollout time              {rollout:,.1f} s in all, {rollout / n:,.1f} s/step "
+        f"(+ weight sync {sync:,.1f} s)",
+        f"  history at the end        {last.get('das/history_problems', 0):,.0f} problems, "
+        f"{last.get('das/history_tokens', 0):,.0f} tokens",
+    ]
+    if not all(math.isnan(r) for r in rewards):
+        lines.append(f"  reward                    first step {rewards[0]:.3f} -> last {tail} step(s) "
+                     f"{_mean(rewards[-tail:]):.3f}")
+    if cpu:
+        lines.append("  note: CPU engine. Rollout seconds are not a speed measure here (verification tokens cost "
+                     "compute);")
+        lines.append("        tokens per round is the hardware-independent gain.")
+    lines.append(f"[das-trl] {'=' * 77}")
+    return "\n".join(lines)
+
+
 class DASProgressCallback(TrainerCallback):
-    """Prints :func:`format_step` for each log on the main process, and a summary at ``on_train_end``."""
+    """Prints :func:`format_step` for each log on the main process, and :func:`format_summary` at ``on_train_end``."""
 
     def __init__(self) -> None:
         self.history: list[dict[str, float]] = []
+        self.steps: list[int] = []
 
-    def on_log(self, args, state, control, logs=None, **kwargs):
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any):
         line = format_step(state.global_step, logs or {})
         if line is not None and state.is_world_process_zero:
             self.history.append(dict(logs))
+            self.steps.append(state.global_step)
             print(line, flush=True)
 
-    def on_train_end(self, args, state, control, **kwargs):
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any):
         if not self.history or not state.is_world_process_zero:
             return
-        drafted = sum(h.get("das/draft_tokens", 0) for h in self.history)
-        accepted = sum(h.get("das/accepted_tokens", 0) for h in self.history)
-        rounds = [h.get("das/tokens_per_round", 1.0) for h in self.history]
-        print(
-            f"[das-trl] summary: {len(self.history)} steps | draft tokens {drafted:.0f}, accepted {accepted:.0f} "
-            f"({accepted / drafted if drafted else 0:.1%}) | tokens/round first {rounds[0]:.2f}, last {rounds[-1]:.2f}, "
-            f"mean {sum(rounds) / len(rounds):.2f} | rollout seconds total "
-            f"{sum(h['das/rollout_seconds'] for h in self.history):.0f} (CPU wall time: not a speed claim)",
-            flush=True,
-        )
+        print(format_summary(self.history, self.steps), flush=True)
