@@ -8,7 +8,14 @@ defaults of :class:`~das_trl.trainer.config.DASGRPOConfig`). With ``use_vllm=Tru
 2. records each step's rollouts (prompt and completion token ids) as ``_generate`` returns them;
 3. pushes them into every engine's drafter history at the end of the step (:class:`DASHistoryCallback`), so the
    next steps draft from the run's own recent rollouts;
-4. logs ``das/*`` metrics through TRL's normal logging.
+4. keeps a mirror of that history (:class:`DASHistoryMirror`): after each push every engine's history digest is
+   compared with the mirror's, and an engine that diverged or missed a push gets the whole mirror loaded back;
+   the mirror is saved in every checkpoint (``das_history.npz``) and loaded into the engines on resume;
+5. logs ``das/*`` metrics through TRL's normal logging.
+
+Sampling parameters that vLLM rejects with speculation on (``min_p``, ``logit_bias``, ...) fail at construction
+(:mod:`das_trl.vllm.sampling_check`). If the engine goes away mid-run, the step fails with a
+:class:`~das_trl.vllm.client.DASEngineError` that says how to resume.
 
 Without ``use_vllm`` it is exactly ``GRPOTrainer`` (DAS needs a vLLM engine; a warning says so).
 """
@@ -16,17 +23,21 @@ Without ``use_vllm`` it is exactly ``GRPOTrainer`` (DAS needs a vLLM engine; a w
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
+import requests
 from accelerate.utils import gather_object
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 from trl import GRPOTrainer
 
 from das_trl.drafter.rollout_log import RolloutRecord, append_records
-from das_trl.trainer.callback import DASHistoryCallback
+from das_trl.trainer.callback import DASHistoryCallback, DASHistoryMirror
 from das_trl.trainer.config import das_settings, validate_das_settings
 from das_trl.trainer.generation import DASVLLMGeneration
 from das_trl.vllm.client import DASEngineError
+from das_trl.vllm.sampling_check import check_sampling_params, format_issues, trl_sampling_params
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +59,10 @@ class DASGRPOTrainer(GRPOTrainer):
         self.das = das_settings(grpo_args)
         validate_das_settings(self.das)
         self._das_pending: list[tuple[list[list[int]], list[list[int]]]] = []
+        self._das_mirror: DASHistoryMirror | None = None
+        # True when the engine's history may differ from the mirror (start, failed push): the next push loads the
+        # whole mirror instead of the step's rollouts.
+        self._das_stale = True
         self._das_last_counters: dict[str, float] = {}
         self._das_rollout_seconds = 0.0
         self._das_weight_sync_seconds = 0.0
@@ -63,10 +78,25 @@ class DASGRPOTrainer(GRPOTrainer):
             logger.warning("DASGRPOTrainer without use_vllm=True generates with transformers: DAS is not used.")
             return
         self.use_vllm = True
+        if self.das["enabled"]:
+            self._das_check_sampling(grpo_args)
         self.vllm_generation = self._build_vllm_generation(grpo_args)
         self._last_loaded_step = -1
         if self.das["enabled"]:
+            self._das_mirror = DASHistoryMirror(self.das["window"], self.das["history_token_budget"])
             self.add_callback(DASHistoryCallback(self))
+
+    def _das_check_sampling(self, args: Any) -> None:
+        """Fail early on sampling parameters vLLM rejects with speculation on; log the ones that weaken it."""
+        from das_trl.vllm.engine import is_cpu_build
+
+        issues = check_sampling_params(trl_sampling_params(args), cpu_build=is_cpu_build())
+        errors = [i for i in issues if i.severity == "error"]
+        if errors:
+            raise ValueError("DASGRPOTrainer: these sampling parameters cannot be used with DAS speculative "
+                             "rollouts:\n" + format_issues(errors))
+        for issue in issues:
+            logger.warning("DAS sampling note: %s", format_issues([issue]))
 
     def _build_vllm_generation(self, args: Any) -> DASVLLMGeneration:
         # The same arguments GRPOTrainer.__init__ passes to VLLMGeneration (trl 1.16).
@@ -105,7 +135,12 @@ class DASGRPOTrainer(GRPOTrainer):
         """TRL's ``_generate``, timed, with the rollouts recorded for the history push."""
         started = time.perf_counter()
         sync_before = self.vllm_generation.weight_sync_seconds if self.use_vllm else 0.0
-        result = super()._generate(prompts, *args, **kwargs)
+        try:
+            result = super()._generate(prompts, *args, **kwargs)
+        except (requests.exceptions.ConnectionError, requests.exceptions.Timeout, DASEngineError) as exc:
+            if not self.use_vllm:
+                raise
+            raise DASEngineError(self._das_engine_lost_message(exc)) from exc
         sync = (self.vllm_generation.weight_sync_seconds - sync_before) if self.use_vllm else 0.0
         # Rollout time is generation only; the weight push that TRL does first is logged on its own.
         self._das_rollout_seconds += time.perf_counter() - started - sync
@@ -115,11 +150,23 @@ class DASGRPOTrainer(GRPOTrainer):
             self._das_pending.append(([list(p) for p in prompt_ids], [list(c) for c in completion_ids]))
         return result
 
-    def das_push_history(self) -> None:
-        """Send the recorded rollouts to the engine(s) and log ``das/*`` metrics; called at each step's end.
+    def _das_engine_lost_message(self, exc: BaseException) -> str:
+        step = self.state.global_step + 1
+        last = get_last_checkpoint(self.args.output_dir) if os.path.isdir(self.args.output_dir) else None
+        where = f"the last checkpoint is {last}" if last else "no checkpoint has been saved yet (set save_steps)"
+        return (
+            f"the vLLM engine went away during step {step}: {type(exc).__name__}: {exc}. Training stopped; {where}. "
+            "Restart the server (`das-trl serve --model MODEL ...`) and resume with "
+            "trainer.train(resume_from_checkpoint=True): the drafter history is restored from the checkpoint."
+        )
 
-        A failed push does not stop training: it is logged as a warning and the rollouts stay queued, so the next
-        push carries them.
+    def das_push_history(self) -> None:
+        """Send the recorded rollouts to the engine(s), check every engine against the mirror, log ``das/*``
+        metrics; called at each step's end.
+
+        A failed push does not stop training: it is logged as a warning and the next push loads the whole mirror
+        (which holds the missed rollouts) into the engine. An engine whose history digest differs from the mirror's
+        after a push is reloaded from the mirror at once (warning, ``das/history_repairs``).
         """
         pending, self._das_pending = self._das_pending, []
         prompts = [p for batch in pending for p in batch[0]]
@@ -130,16 +177,24 @@ class DASGRPOTrainer(GRPOTrainer):
         metrics: dict[str, float] = {"das/rollout_seconds": self._das_rollout_seconds,
                                      "das/weight_sync_seconds": self._das_weight_sync_seconds}
         self._das_rollout_seconds = self._das_weight_sync_seconds = 0.0
-        generation = self.vllm_generation
-        if generation.engine is not None:
+        if prompts and self._das_mirror is not None:
+            self._das_mirror.record(prompts, completions)
+        engine = self.vllm_generation.engine
+        if engine is not None and self._das_mirror is not None:
             try:
-                stats_before = generation.das_stats()
-                if prompts:
-                    reply = generation.push_history(prompts, completions)
-                    stats = reply["stats"]
-                    metrics["das/history_update_seconds"] = float(reply["seconds"])
+                stats_before = engine.stats()
+                started = time.perf_counter()
+                if self._das_stale:
+                    reply = engine.load_history(self._das_mirror.state())
+                    metrics["das/history_reloads"] = 1.0
+                elif prompts:
+                    reply = engine.add_history(prompts, completions)
                 else:
-                    stats = stats_before
+                    reply = {"stats": stats_before}
+                self._das_stale = False
+                metrics["das/history_repairs"] = float(self._das_verify_engine(engine))
+                metrics["das/history_update_seconds"] = time.perf_counter() - started
+                stats = engine.stats() if metrics["das/history_repairs"] else reply["stats"]
                 metrics.update(self._das_step_metrics(stats_before))
                 metrics.update({
                     "das/history_problems": stats.get("history_problems", 0),
@@ -147,13 +202,79 @@ class DASGRPOTrainer(GRPOTrainer):
                     "das/history_bytes": stats.get("history_bytes", 0),
                 })
             except DASEngineError as exc:
-                logger.warning("DAS history push failed (training continues; retried next step): %s", exc)
-                self._das_pending = pending + self._das_pending
+                logger.warning("DAS history push failed (training continues; the next push reloads the whole "
+                               "history into the engine): %s", exc)
+                self._das_stale = True
+                metrics["das/history_push_failures"] = 1.0
         if self.das["record_rollouts"] and prompts and self.accelerator.is_main_process:
             self._das_record(prompts, completions)
         mode = "train"
         for key, value in metrics.items():
             self._metrics[mode][key].append(float(value))
+
+    def _das_verify_engine(self, engine: Any) -> bool:
+        """Compare every worker's history digest with the mirror's; reload the mirror into a diverged engine.
+
+        Returns:
+            True if the engine had diverged and was repaired.
+
+        Raises:
+            DASEngineError: the engine cannot be asked, or still differs after the reload.
+        """
+        expected = self._das_mirror.digest()
+        digests = engine.history_digests()
+        if all(d == expected for d in digests):
+            return False
+        logger.warning("DAS history of %s diverged from the trainer's (worker digests %s, expected %s): reloading "
+                       "the trainer's history into it", engine.name, digests, expected)
+        engine.load_history(self._das_mirror.state())
+        digests = engine.history_digests()
+        if any(d != expected for d in digests):
+            raise DASEngineError(f"{engine.name}: history still differs from the trainer's after a reload "
+                                 f"(worker digests {digests}, expected {expected})")
+        return True
+
+    def das_restore_history(self, checkpoint_dir: str) -> bool:
+        """Load ``checkpoint_dir/das_history.npz`` into the mirror and every engine (done by :meth:`train` when
+        resuming, before the first rollout).
+
+        Returns:
+            True if the checkpoint had a history. A failed load into the engine is a warning: the next push retries.
+
+        Raises:
+            ValueError: the history file is corrupt.
+        """
+        if self._das_mirror is None or not self._das_mirror.load(checkpoint_dir):
+            logger.warning("checkpoint %s has no DAS history: drafting restarts from an empty history", checkpoint_dir)
+            return False
+        self._das_stale = True
+        engine = self.vllm_generation.engine
+        if engine is not None:
+            try:
+                reply = engine.load_history(self._das_mirror.state())
+                self._das_stale = False
+                logger.info("DAS history restored from %s: %s problems, %s tokens", checkpoint_dir,
+                            reply["stats"].get("history_problems"), reply["stats"].get("history_tokens"))
+            except DASEngineError as exc:
+                logger.warning("could not restore the DAS history into the engine (retried at the next push): %s", exc)
+        return True
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
+        """``Trainer.train``; when resuming, the checkpoint's drafter history is loaded into every engine first."""
+        if resume_from_checkpoint and self._das_mirror is not None:
+            path = (resume_from_checkpoint if isinstance(resume_from_checkpoint, str)
+                    else get_last_checkpoint(self.args.output_dir))
+            if path:
+                self.das_restore_history(path)
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        """``Trainer._save_checkpoint`` plus the drafter history (``das_history.npz``) in the checkpoint folder."""
+        super()._save_checkpoint(model, trial)
+        if self._das_mirror is not None and self.args.should_save:
+            folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+            path = self._das_mirror.save(folder)
+            logger.info("DAS history saved to %s", path)
 
     def _das_record(self, prompts: list[list[int]], completions: list[list[int]]) -> None:
         """Append this step's rollouts to ``das_record_rollouts`` (JSONL, :mod:`das_trl.drafter.rollout_log`)."""
