@@ -8,6 +8,10 @@ like chains of thought of one problem), plus phrases shared across problems.
 Measures: time of each ``add_rollouts`` (one step: problems x samples completions),
 then ``--batch`` live requests decoding a fresh sibling: time per ``extend_request`` and
 per ``propose`` call, and the simulated tokens per verification round (accepted + 1).
+Finally the stall: one more step is pushed with ``background=True`` while the batch keeps
+proposing; it prints the propose latency (p50 / p99 / max) during that update next to the
+latency without one, and the blocking time of the same push done synchronously (what the
+engine would wait if the update ran on its critical path).
 
     python -m das_trl.bench.drafter_speed [--problems 512 --samples 16 --appearances 4]
 """
@@ -32,6 +36,41 @@ def _sibling(rng: np.random.Generator, template: np.ndarray, phrases: np.ndarray
         at = rng.integers(0, len(out) - len(p))
         out[at:at + len(p)] = p
     return out[:int(rng.integers(len(out) * 6 // 10, len(out) + 1))]  # ragged lengths
+
+
+def _measure_stall(drafter: DASDrafter, args, rng, prompts, templates, phrases, which, truths) -> None:
+    """Propose latency with and without a background history update in flight (prints figures)."""
+    ps, cs = [], []
+    for i in range(args.problems):
+        for _ in range(args.samples):
+            ps.append(prompts[i])
+            cs.append(_sibling(rng, templates[i], phrases, args.vocab))
+    ctxs = [np.concatenate([prompts[i], truths[r][:32]])[-64:] for r, i in enumerate(which)]
+
+    def sweep() -> list[float]:
+        lat = []
+        for r in range(len(which)):
+            t0 = time.perf_counter()
+            drafter.propose(f"r{r}", ctxs[r], 16)
+            lat.append(time.perf_counter() - t0)
+        return lat
+
+    quiet = sweep() + sweep()
+    t0 = time.perf_counter()
+    drafter.add_rollouts(ps, cs, background=True)
+    busy = []
+    while drafter.stats()["pending_updates"]:
+        busy += sweep()
+    drafter.wait_for_updates()
+    bg_seconds = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    drafter.add_rollouts(ps, cs)  # the same step again, synchronously: the blocking alternative
+    sync_seconds = time.perf_counter() - t0
+    q = lambda xs, p: float(np.percentile(xs, p)) * 1e3  # noqa: E731
+    print(f"stall: propose latency without an update p50 {q(quiet, 50):.3f} / p99 {q(quiet, 99):.3f} / max "
+          f"{max(quiet) * 1e3:.2f} ms; during a background update of {sum(len(c) for c in cs) / 1e6:.2f} M tokens "
+          f"({bg_seconds:.2f} s, {len(busy)} proposals served) p50 {q(busy, 50):.3f} / p99 {q(busy, 99):.3f} / max "
+          f"{max(busy, default=0) * 1e3:.2f} ms; the same push done synchronously blocks {sync_seconds:.2f} s")
 
 
 def main() -> None:
@@ -98,6 +137,7 @@ def main() -> None:
             rounds_tokens += len(step_tokens)
             n_rounds += 1
     st = drafter.stats()
+    _measure_stall(drafter, args, rng, prompts, templates, phrases, which, truths)
     print(f"propose: {t_prop / n_prop * 1e6:.1f} us/call over {n_prop} calls "
           f"(batch {args.batch}: {t_prop / n_prop * args.batch * 1e3:.1f} ms per engine step)")
     print(f"extend_request: {t_ext / n_ext * 1e6:.1f} us/call")

@@ -62,7 +62,7 @@ class DrafterConfig:
     window: int = 16
     history_token_budget: int = 32_000_000
     prompt_tail_tokens: int = 32
-    max_tree_depth: int = 64
+    max_tree_depth: int = 32
     max_spec_tokens: int = 16
     max_spec_factor: float = 2.0
     max_spec_offset: float = 0.0

@@ -9,9 +9,12 @@ Data flow: ``add_rollouts`` (one GRPO step) -> ``RolloutHistory`` (window + budg
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections import Counter
-from typing import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -23,6 +26,7 @@ from .problem_key import problem_key as _problem_key
 from .suffix_index import HistoryIndex
 
 _TOKEN_LIMIT = 2**31
+logger = logging.getLogger(__name__)
 
 
 def _as_tokens(ids: Sequence[int] | np.ndarray, what: str) -> np.ndarray:
@@ -62,15 +66,20 @@ class DASDrafter:
     Args:
         config: :class:`DrafterConfig` (defaults if ``None``).
 
-    Thread-safety: every public method takes one re-entrant lock, so ``add_rollouts``
-    may run on a background thread while the engine calls ``propose``; ``propose``
-    then waits for the whole insertion (seconds for millions of tokens; see
-    ``das_trl/bench/drafter_speed.py``).
+    Thread-safety: every public method takes one re-entrant lock. ``add_rollouts(...,
+    background=True)`` applies a step on the drafter's own updater thread in small
+    pieces, releasing the lock in between, so ``propose`` (the engine's critical path)
+    waits for one piece at most (stall measured by ``das_trl/bench/drafter_speed.py``).
     """
 
     def __init__(self, config: DrafterConfig | None = None) -> None:
         self.config = config if config is not None else DrafterConfig()
         self._lock = threading.RLock()
+        self._updates_done = threading.Condition(self._lock)
+        self._updater: ThreadPoolExecutor | None = None
+        self._pending = 0
+        self._update_errors = 0
+        self._update_seconds = 0.0
         self._clear()
 
     def _clear(self) -> None:
@@ -85,7 +94,7 @@ class DASDrafter:
 
     # ------------------------------------------------------------------ history
     def add_rollouts(self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
-                     problem_keys: Sequence[int] | None = None) -> dict:
+                     problem_keys: Sequence[int] | None = None, *, background: bool = False) -> dict:
         """Push one GRPO step's rollouts into the history and the trees.
 
         Args:
@@ -94,6 +103,12 @@ class DASDrafter:
             completions: completion token ids per rollout (empty ones are ignored).
             problem_keys: optional explicit key per rollout (int in ``[0, 2**63)``);
                 defaults to :func:`problem_key` of each prompt.
+            background: update the history now (cheap) and the suffix trees on the
+                drafter's updater thread, then return at once. Tree work is done in
+                ``HistoryIndex.chunk_tokens``-token pieces with the lock released in
+                between, so concurrent ``propose`` calls wait for at most one piece, not
+                the whole step (the engine's critical path). Tree updates are applied in
+                push order; :meth:`wait_for_updates` blocks until they are done.
 
         Rollouts of the same problem in one call form one appearance. Finished sibling
         outputs of those problems, kept visible since their requests stopped, are
@@ -101,7 +116,8 @@ class DASDrafter:
 
         Returns:
             ``{"problems", "sequences", "tokens", "evicted"}``: problems and non-empty
-            sequences added, completion tokens added, appearances evicted.
+            sequences added, completion tokens added, appearances evicted; plus
+            ``"queued": True`` in background mode.
 
         Raises:
             ValueError: mismatched lengths, ids not ints in ``[0, 2**31)``, or bad
@@ -126,22 +142,74 @@ class DASDrafter:
             entry = groups.setdefault(key, (p, []))
             if len(c):
                 entry[1].append(c)
+        summary = {"problems": sum(1 for _, comps in groups.values() if comps),
+                   "sequences": sum(len(comps) for _, comps in groups.values()),
+                   "tokens": sum(len(c) for _, comps in groups.values() for c in comps)}
         with self._lock:
-            new_ids, evicted, seqs, tokens = [], [], 0, 0
+            # History first, synchronously (cheap deque work): stats, digests and saved state see the push at once.
+            new_ids, evicted = [], []
             for key, (prompt, comps) in groups.items():
                 if not comps:
                     continue
                 evicted += self._history.add(key, comps, prompt[-self.config.prompt_tail_tokens:]
                                              if self.config.prompt_tail_tokens else prompt[:0])
                 new_ids.append(self._history.last_appearance_id)
-                seqs += len(comps)
-                tokens += sum(len(c) for c in comps)
                 self._live.release_finished(key)
             gone = {app_id for _, app_id in evicted}
-            self._index.remove([a for a in gone if a not in new_ids])
-            self._index.insert([self._history.appearance(a) for a in new_ids if a not in gone])
-            return {"problems": len(new_ids), "sequences": seqs, "tokens": tokens,
-                    "evicted": len(evicted)}
+            removals = [a for a in gone if a not in new_ids]
+            inserts = [self._history.appearance(a) for a in new_ids if a not in gone]
+            summary["evicted"] = len(evicted)
+            if not background and self._pending == 0:
+                self._index.remove(removals)
+                self._index.insert(inserts)
+                return summary
+            self._pending += 1  # trees are updated in push order, behind earlier queued updates
+        future = self._executor().submit(self._index_in_background, removals, inserts)
+        if not background:
+            future.result()
+        else:
+            summary["queued"] = True
+        return summary
+
+    def _index_in_background(self, removals: list[int], inserts: list) -> None:
+        started = time.perf_counter()
+        try:
+            with self._lock:
+                self._index.remove(removals, self._yield_lock)
+                self._index.insert(inserts, self._yield_lock)
+        except Exception:  # pragma: no cover - inputs were validated; never kill the updater thread
+            logger.exception("DAS tree update failed; drafts may miss this step's history")
+            with self._lock:
+                self._update_errors += 1
+        finally:
+            with self._lock:
+                self._pending -= 1
+                self._update_seconds += time.perf_counter() - started
+                self._updates_done.notify_all()
+
+    def _yield_lock(self) -> None:
+        """Let ``propose``/``extend_request`` callers in between two pieces of tree work (the lock is held once)."""
+        self._lock.release()
+        time.sleep(0)  # also hands the GIL over: arctic's tree calls hold it
+        self._lock.acquire()
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._updater is None:
+                self._updater = ThreadPoolExecutor(max_workers=1, thread_name_prefix="das-history")
+            return self._updater
+
+    def wait_for_updates(self, timeout: float | None = None) -> bool:
+        """Block until every background ``add_rollouts`` has been applied.
+
+        Args:
+            timeout: seconds to wait at most (``None``: no limit).
+
+        Returns:
+            True when nothing is pending, False on timeout.
+        """
+        with self._lock:
+            return self._updates_done.wait_for(lambda: self._pending == 0, timeout)
 
     # ------------------------------------------------------------------ requests
     def start_request(self, request_id: str, prompt_token_ids: Sequence[int] | np.ndarray,
@@ -184,6 +252,21 @@ class DASDrafter:
             if request_id not in self._live:
                 raise KeyError(f"request {request_id!r} is not active")
             self._live.stop(request_id)
+
+    def problem_of(self, request_id: str) -> int:
+        """Problem key of an active request. Raises ``KeyError`` if it is not active."""
+        with self._lock:
+            return self._live.problem_of(request_id)
+
+    def history_problems(self) -> list[int]:
+        """Keys of the problems with history (a new list)."""
+        with self._lock:
+            return self._history.problems()
+
+    def history_lengths(self, problem_key: int) -> np.ndarray:
+        """Completion lengths (tokens, ``np.int64``, oldest first) in a problem's window; empty if unknown."""
+        with self._lock:
+            return self._history.lengths(problem_key)
 
     @property
     def active_requests(self) -> set[str]:
@@ -236,24 +319,30 @@ class DASDrafter:
     def stats(self) -> dict:
         """History stats plus ``proposals`` (propose calls with a budget), ``drafts``
         (non-empty drafts), ``draft_tokens``, ``requests`` (started), ``wins`` (dict
-        source -> winning drafts), and live/index sizes."""
+        source -> winning drafts), live/index sizes, and the background updater's
+        ``pending_updates``, ``update_errors`` and ``update_seconds`` (time spent
+        applying background updates, lock pauses included)."""
         with self._lock:
             out = self._history.stats()
             out.update(self._index.stats())
             out.update(self._live.stats())
             out.update(proposals=self._proposals, drafts=self._drafts,
                        draft_tokens=self._draft_tokens, requests=self._requests,
-                       wins=dict(self._wins))
+                       wins=dict(self._wins), pending_updates=self._pending,
+                       update_errors=self._update_errors, update_seconds=self._update_seconds)
             return out
 
     def reset(self) -> None:
-        """Drop history, trees, live requests and counters (config kept)."""
+        """Drop history, trees, live requests and counters (config kept); waits for
+        pending background updates first."""
+        self.wait_for_updates()
         with self._lock:  # keep the lock object: other threads may be waiting on it
             self._clear()
 
     def state_dict(self) -> dict:
         """Persistable state: ``{"history": RolloutHistory.to_state(), "config": dict}``
         (numpy arrays, ints, plain dicts; no pickled objects)."""
+        self.wait_for_updates()
         with self._lock:
             return {"history": self._history.to_state(), "config": self.config.to_dict()}
 
@@ -263,6 +352,7 @@ class DASDrafter:
         The current config's ``window``/``history_token_budget`` apply (a smaller one
         trims). Live requests are kept. Raises ``ValueError`` on a malformed state.
         """
+        self.wait_for_updates()
         hist = RolloutHistory.from_state(state["history"], self.config.window,
                                          self.config.history_token_budget)
         index = HistoryIndex(self.config)

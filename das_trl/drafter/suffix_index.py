@@ -11,6 +11,7 @@ whose context is the prompt's end, can be drafted.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 from arctic_inference.suffix_decoding._C import SuffixTree
@@ -39,6 +40,9 @@ class HistoryIndex:
     completion enters its problem tree, ``global_samples_per_appearance`` of each
     appearance also enter the global tree. Not thread-safe (caller locks).
     """
+
+    # Tokens inserted between two ``pause`` calls (~0.2-2 ms of tree work at depth 24-64).
+    chunk_tokens = 256
 
     def __init__(self, config: DrafterConfig) -> None:
         self.cfg = config
@@ -72,9 +76,16 @@ class HistoryIndex:
                 keys.append(SupportTable.sequence_keys(seq, self.cfg.support_ngram, salts))
         return np.concatenate(keys) if keys else np.zeros(0, np.uint64)
 
-    def insert(self, apps: list[Appearance]) -> None:
-        """Add appearances (already in the history) to the trees and support counts."""
-        all_keys = []
+    def insert(self, apps: list[Appearance], pause: Callable[[], None] | None = None) -> None:
+        """Add appearances (already in the history) to the trees and support counts.
+
+        Args:
+            apps: appearances to index.
+            pause: called after every ``chunk_tokens``-token piece of tree insertion; a background updater passes a
+                function that releases the drafter lock for a moment, so ``propose`` never waits for a whole
+                history step (arctic 0.3's ``extend`` holds the GIL, so the pieces must be small).
+        """
+        chunk = self.chunk_tokens
         for app in apps:
             seqs = self._sequences(app)
             n_global = self._global_count(app)
@@ -88,18 +99,19 @@ class HistoryIndex:
                 sid = self._next_seq
                 self._next_seq = (self._next_seq + 1) & 0x7FFFFFFF  # arctic ids are int32
                 seq_ids.append(sid)
-                if tree is not None:
-                    tree.extend_ndarray(sid, seq)
-                if i < n_global:
-                    self._global.extend_ndarray(sid, seq)
+                targets = ([tree] if tree is not None else []) + ([self._global] if i < n_global else [])
+                for start in range(0, len(seq), chunk):
+                    piece = seq[start:start + chunk]  # extending a seq id appends to it
+                    for t in targets:
+                        t.extend_ndarray(sid, piece)
+                    if pause is not None:
+                        pause()
             self._apps[app.appearance_id] = _Indexed(app, seq_ids)
-            all_keys.append(self._keys(app, seqs))
-        if all_keys:
-            self._support.add(np.concatenate(all_keys), +1)
+            self._support.add(self._keys(app, seqs), +1)
 
-    def remove(self, appearance_ids: list[int]) -> None:
-        """Remove appearances (by id) from trees and counts; unknown ids are ignored."""
-        all_keys = []
+    def remove(self, appearance_ids: list[int], pause: Callable[[], None] | None = None) -> None:
+        """Remove appearances (by id) from trees and counts; unknown ids are ignored. ``pause`` as in
+        :meth:`insert`, called after each removed sequence."""
         for app_id in appearance_ids:
             entry = self._apps.pop(app_id, None)
             if entry is None:
@@ -111,11 +123,11 @@ class HistoryIndex:
                     tree.remove(sid)
                 if i < n_global:
                     self._global.remove(sid)
+                if pause is not None:
+                    pause()
             if tree is not None and tree.num_seqs() == 0:
                 del self._problem_trees[entry.app.problem_key]
-            all_keys.append(self._keys(entry.app, self._sequences(entry.app)))
-        if all_keys:
-            self._support.add(np.concatenate(all_keys), -1)
+            self._support.add(self._keys(entry.app, self._sequences(entry.app)), -1)
 
     def candidates(self, problem_key: int, context: list[int], max_tokens: int) -> list[Candidate]:
         """Drafts from the problem tree and the global tree (in that order).

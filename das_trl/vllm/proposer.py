@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from das_trl.drafter import DASDrafter, DrafterConfig
+from das_trl.drafter import DASDrafter, DrafterConfig, problem_key
+from das_trl.drafter.policy import TIER_NAMES, LengthPolicy, LengthPolicyConfig
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +45,8 @@ class DASProposer:
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         self.vocab_size = int(vllm_config.model_config.get_vocab_size())
         self.drafter = DASDrafter(DrafterConfig(max_spec_tokens=self.num_speculative_tokens))
+        # Per-round budgets: the same LengthPolicy the replay benchmark uses (tiers by default; "fixed" = K each).
+        self.policy = LengthPolicy(LengthPolicyConfig(max_budget=self.num_speculative_tokens))
         self._runner: Any = None
         # Per request: output tokens already given to the drafter, and the length of its last draft.
         self._known_output: dict[str, int] = {}
@@ -57,6 +60,8 @@ class DASProposer:
             accepted_tokens=0,
             verified_drafts=0,
             speculation_seconds=0.0,
+            **{f"tier_{name}_rounds": 0 for name in TIER_NAMES},
+            **{f"tier_{name}_tokens": 0 for name in TIER_NAMES},
         )
 
     # vLLM's CPU runner calls this unconditionally; a suffix-tree drafter has no model to load.
@@ -68,16 +73,20 @@ class DASProposer:
         """Whether :meth:`attach` has given the proposer its model runner (and so request identities)."""
         return self._runner is not None
 
-    def attach(self, model_runner: Any, drafter_config: DrafterConfig | None = None) -> None:
+    def attach(self, model_runner: Any, drafter_config: DrafterConfig | None = None,
+               policy_config: LengthPolicyConfig | None = None) -> None:
         """Give the proposer the model runner whose ``input_batch`` maps batch rows to requests.
 
         Args:
             model_runner: vLLM's ``GPUModelRunner`` (also the CPU runner's base class).
             drafter_config: when given and different from the current one, the drafter is rebuilt with it and its
                 history is carried over.
+            policy_config: when given, the length policy is rebuilt with it (its ``max_budget`` is capped at K); the
+                problems' observed lengths are replayed from the history so tiers survive the change.
 
         Raises:
             TypeError: ``model_runner`` has no ``input_batch``.
+            ValueError: ``drafter_config.max_spec_tokens`` exceeds K.
         """
         if not hasattr(model_runner, "input_batch"):
             raise TypeError(f"{type(model_runner).__name__} has no input_batch: not a vLLM V1 model runner")
@@ -91,9 +100,49 @@ class DASProposer:
                 state = self.drafter.state_dict()
                 self.drafter = DASDrafter(drafter_config)
                 self.drafter.load_state_dict(state)
+        if policy_config is not None:
+            capped = min(policy_config.max_budget, self.num_speculative_tokens)
+            self.policy = LengthPolicy(LengthPolicyConfig(**{**policy_config.to_dict(), "max_budget": capped}))
+            self._observe_history()
         self._runner = model_runner
         self._known_output.clear()
         self._last_draft_len.clear()
+
+    def _observe_history(self) -> None:
+        """Feed every problem's windowed completion lengths to the length policy (after a rebuild or a load)."""
+        for key in self.drafter.history_problems():
+            self.policy.observe(key, self.drafter.history_lengths(key).tolist())
+
+    def load_history(self, state: dict[str, Any]) -> None:
+        """Replace the drafter's history with a saved one (``RolloutHistory.to_state()`` dict) and refresh the length
+        policy from it. Raises ``ValueError`` on a malformed state (nothing changed)."""
+        self.drafter.load_state_dict({"history": state})
+        self._observe_history()
+
+    def add_history(self, prompts: list, completions: list, problem_keys: list | None = None,
+                    background: bool = True) -> dict[str, Any]:
+        """Add one step's rollouts to the drafter's history and their lengths to the length policy.
+
+        Args:
+            prompts / completions: token ids per rollout (``list[list[int]]`` or int32 arrays), paired by index.
+            problem_keys: explicit problem key per rollout (default: hash of the prompt ids).
+            background: build the suffix trees on the drafter's updater thread (see ``DASDrafter.add_rollouts``):
+                the engine keeps generating meanwhile.
+
+        Returns:
+            ``DASDrafter.add_rollouts``'s summary.
+
+        Raises:
+            ValueError: invalid ids or keys (nothing is changed).
+        """
+        added = self.drafter.add_rollouts(prompts, completions, problem_keys, background=background)
+        lengths: dict[int, list[int]] = {}
+        for i, (prompt, comp) in enumerate(zip(prompts, completions)):
+            key = int(problem_keys[i]) if problem_keys is not None else problem_key(prompt)
+            lengths.setdefault(key, []).append(len(comp))
+        for key, lens in lengths.items():
+            self.policy.observe(key, lens)
+        return added
 
     def detach(self) -> None:
         """Forget the model runner: from the next round on the proposer drafts nothing (history is kept)."""
@@ -126,18 +175,28 @@ class DASProposer:
             return [[] for _ in sampled_token_ids]
         started = time.perf_counter()
         batch = self._runner.input_batch
-        drafts: list[list[int]] = []
-        live = set()
+        live = set(batch.req_ids[: len(sampled_token_ids)])
+        for req_id in [r for r in self._known_output if r not in live]:
+            self._finish(req_id)
+        # 1. Bring every request's text up to date (and learn how many of last round's draft tokens were accepted).
+        rows: list[tuple[int, str, int, int]] = []  # (row, req_id, num_tokens, output_len)
         for row, sampled in enumerate(sampled_token_ids):
-            req_id = batch.req_ids[row]
-            live.add(req_id)
             if not sampled:  # partial prefill: nothing to extend from yet
-                drafts.append([])
                 continue
+            req_id = batch.req_ids[row]
             num_tokens = int(num_tokens_no_spec[row])
             num_prompt = int(batch.num_prompt_tokens[row])
             self._sync_request(req_id, row, num_prompt, num_tokens, len(sampled), token_ids_cpu)
-            budget = min(self.num_speculative_tokens, self.max_model_len - num_tokens - 1)
+            rows.append((row, req_id, num_tokens, num_tokens - num_prompt))
+        # 2. Budgets from the length policy: long (and promoted) requests get more, all grow as the batch drains.
+        keys = [self.drafter.problem_of(req_id) for _, req_id, _, _ in rows]
+        budgets = self.policy.budgets([(k, n) for k, (_, _, _, n) in zip(keys, rows)], num_running=len(live))
+        drafts: list[list[int]] = [[] for _ in sampled_token_ids]
+        for (row, req_id, num_tokens, output_len), key, budget in zip(rows, keys, budgets):
+            tier = TIER_NAMES[self.policy.tier(key, output_len)]
+            self._counters[f"tier_{tier}_rounds"] += 1
+            self._counters[f"tier_{tier}_tokens"] += len(sampled_token_ids[row])
+            budget = min(budget, self.num_speculative_tokens, self.max_model_len - num_tokens - 1)
             draft: list[int] = []
             if budget > 0:
                 start = max(0, num_tokens - self.drafter.config.max_tree_depth)
@@ -147,9 +206,7 @@ class DASProposer:
             if draft:
                 self._counters["drafts"] += 1
                 self._counters["draft_tokens"] += len(draft)
-            drafts.append(draft)
-        for req_id in [r for r in self._known_output if r not in live]:
-            self._finish(req_id)
+            drafts[row] = draft
         self._counters["speculation_seconds"] += time.perf_counter() - started
         return drafts
 
@@ -170,8 +227,10 @@ class DASProposer:
             # Rows that drafted last round got (accepted + 1) tokens this round.
             last = self._last_draft_len.get(req_id, 0)
             if last > 0:
+                accepted = min(last, num_sampled - 1)
                 self._counters["verified_drafts"] += 1
-                self._counters["accepted_tokens"] += min(last, num_sampled - 1)
+                self._counters["accepted_tokens"] += accepted
+                self.policy.record_acceptance(last, accepted)
         if num_output > known:
             self.drafter.extend_request(req_id, token_ids_cpu[row, num_prompt + known : num_tokens].tolist())
         self._known_output[req_id] = num_output
@@ -202,11 +261,14 @@ class DASProposer:
         Keys: ``attached`` (bool), ``rounds`` (propose calls), ``unattached_rounds`` (calls that proposed nothing
         because :meth:`attach` had not run), ``request_rounds``, ``drafts`` (non-empty drafts), ``draft_tokens``,
         ``accepted_tokens`` (as seen by the proposer: the final draft of each request is never observed),
-        ``speculation_seconds`` (time spent in :meth:`propose`), ``num_speculative_tokens``, ``history_problems``,
+        ``speculation_seconds`` (time spent in :meth:`propose`), ``tier_<short|medium|long>_rounds`` and
+        ``tier_<...>_tokens`` (request-rounds and tokens emitted per round, by the request's length tier at that
+        round), ``policy_mode``, ``num_speculative_tokens``, ``history_problems``,
         ``history_appearances``, ``history_sequences``, ``history_tokens``, ``history_bytes`` (approximate),
         ``history_evicted_appearances``, ``active_requests`` and ``source_<name>`` (drafts won by each source).
         """
-        out: dict[str, Any] = {"attached": self.attached, "num_speculative_tokens": self.num_speculative_tokens}
+        out: dict[str, Any] = {"attached": self.attached, "num_speculative_tokens": self.num_speculative_tokens,
+                               "policy_mode": self.policy.config.mode}
         out.update(self._counters)
         d = self.drafter.stats()
         out.update(
@@ -217,6 +279,8 @@ class DASProposer:
             history_bytes=d["approx_bytes"] + d["support_table_bytes"],
             history_evicted_appearances=d["evicted_appearances"],
             active_requests=d["active_requests"],
+            history_pending_updates=d["pending_updates"],
+            history_update_seconds=d["update_seconds"],
         )
         # Which source's candidate won each non-empty draft (per-problem history, running siblings, local, global).
         out.update({f"source_{name}": count for name, count in d["wins"].items()})

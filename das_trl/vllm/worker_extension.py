@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from das_trl.drafter import DrafterConfig
+from das_trl.drafter.policy import LengthPolicyConfig
 from das_trl.drafter.digest import state_digest
 from das_trl.vllm.payload import DEFAULT_MAX_PAYLOAD_BYTES, PayloadError, decode_history_state, decode_rollouts
 from das_trl.vllm.proposer import DASProposer
@@ -76,7 +77,9 @@ class DASWorkerExtension:
         """Hand the DAS proposer its model runner so it can tell requests apart, optionally reconfiguring it.
 
         Args:
-            config_json: JSON object of :class:`~das_trl.drafter.DrafterConfig` fields ("" keeps the current config).
+            config_json: JSON object of :class:`~das_trl.drafter.DrafterConfig` fields ("" keeps the current config),
+                optionally with ``"length_policy"``: an object of
+                :class:`~das_trl.drafter.policy.LengthPolicyConfig` fields (per-round draft budgets).
 
         Returns:
             ``{"ok": True, "stats": {...}}``, or ``{"ok": False, "error": ...}`` when the engine was not started with
@@ -90,18 +93,23 @@ class DASWorkerExtension:
                 f"this engine does not run the DAS drafter (speculative_config={spec!r}); start it with "
                 f"speculative_config={{'method': 'custom_class', 'model': '{PROPOSER_QUALNAME}', ...}}"
             )
-        config = None
+        config = policy = None
         if config_json:
             try:
                 fields = json.loads(config_json)
                 if not isinstance(fields, dict):
                     raise ValueError("expected a JSON object")
+                policy_fields = fields.pop("length_policy", None)
+                if policy_fields is not None:
+                    if not isinstance(policy_fields, dict):
+                        raise ValueError("length_policy must be a JSON object of LengthPolicyConfig fields")
+                    policy = LengthPolicyConfig(**(proposer.policy.config.to_dict() | policy_fields))
                 merged = dataclasses.asdict(proposer.drafter.config) | fields
                 config = DrafterConfig(**merged)
             except (ValueError, TypeError) as exc:
                 return _error(f"invalid drafter config {config_json!r}: {exc}")
         try:
-            proposer.attach(self.model_runner, config)
+            proposer.attach(self.model_runner, config, policy)
         except (ValueError, TypeError) as exc:
             return _error(str(exc))
         return {"ok": True, "stats": proposer.stats()}
@@ -183,7 +191,8 @@ class DASWorkerExtension:
         try:
             limit = payload_limit(max_payload_bytes)
             rollouts = decode_rollouts(payload, vocab_size=proposer.vocab_size, max_payload_bytes=limit)
-            added = proposer.drafter.add_rollouts(rollouts.prompts, rollouts.completions, rollouts.problem_keys)
+            # History now, suffix trees on the drafter's updater thread: the engine keeps generating meanwhile.
+            added = proposer.add_history(rollouts.prompts, rollouts.completions, rollouts.problem_keys)
         except (PayloadError, ValueError) as exc:
             logger.warning("rejected a DAS history payload: %s", exc)
             return _error(f"rejected history payload: {exc}")
@@ -223,7 +232,7 @@ class DASWorkerExtension:
         try:
             state = decode_history_state(payload, vocab_size=proposer.vocab_size,
                                          max_payload_bytes=payload_limit(max_payload_bytes))
-            proposer.drafter.load_state_dict({"history": state})
+            proposer.load_history(state)
         except (PayloadError, ValueError, KeyError) as exc:
             logger.warning("rejected a DAS history state: %s", exc)
             return _error(f"rejected history state: {exc}")
