@@ -42,7 +42,9 @@ from das_trl.vllm.sampling_check import check_sampling_params, format_issues, tr
 logger = logging.getLogger(__name__)
 
 # Proposer counters whose per-step differences become das/* metrics.
-_COUNTERS = ("request_rounds", "drafts", "draft_tokens", "accepted_tokens", "verified_drafts", "speculation_seconds")
+_TIERS = ("short", "medium", "long")  # das_trl.drafter.policy.TIER_NAMES
+_COUNTERS = ("request_rounds", "drafts", "draft_tokens", "accepted_tokens", "verified_drafts", "speculation_seconds",
+             *(f"tier_{t}_{c}" for t in _TIERS for c in ("rounds", "tokens")))
 
 
 class DASGRPOTrainer(GRPOTrainer):
@@ -298,4 +300,7 @@ class DASGRPOTrainer(GRPOTrainer):
             "das/tokens_per_round": (rounds + delta["accepted_tokens"]) / rounds if rounds else 1.0,
             "das/speculated_share": delta["drafts"] / rounds if rounds else 0.0,
             "das/speculation_seconds": delta["speculation_seconds"],
+            # By the request's length tier at each round (the length policy's tiers); absent when a tier had no rounds.
+            **{f"das/tokens_per_round_{t}": delta[f"tier_{t}_tokens"] / delta[f"tier_{t}_rounds"]
+               for t in _TIERS if delta[f"tier_{t}_rounds"]},
         }
