@@ -50,7 +50,7 @@ def _trainer(engine, tmp_path) -> DASGRPOTrainer:
     t._das_stale = True
     t._metrics = {"train": defaultdict(list)}
     t.use_vllm = True
-    t.vllm_generation = SimpleNamespace(engine=engine, weight_sync_seconds=0.0)
+    t.vllm_generation = SimpleNamespace(engine=engine, weight_sync_seconds=0.0, mode="server")
     t.args = SimpleNamespace(output_dir=str(tmp_path), should_save=True)
     t.state = SimpleNamespace(global_step=0)
     t.accelerator = SimpleNamespace(is_main_process=True)

@@ -140,7 +140,7 @@ class DASGRPOTrainer(GRPOTrainer):
         try:
             result = super()._generate(prompts, *args, **kwargs)
         except (requests.exceptions.ConnectionError, requests.exceptions.Timeout, DASEngineError) as exc:
-            if not self.use_vllm:
+            if not self.use_vllm or getattr(self.vllm_generation, "mode", None) != "server":
                 raise
             raise DASEngineError(self._das_engine_lost_message(exc)) from exc
         sync = (self.vllm_generation.weight_sync_seconds - sync_before) if self.use_vllm else 0.0

@@ -8,8 +8,10 @@ penalty row on the CPU build):
 =====================================  =========  ====================================================================
 parameter                              severity   what happens
 =====================================  =========  ====================================================================
-``min_p > 0``                          error      the request is rejected ("not yet supported with speculative decoding")
-``logit_bias``                         error      the request is rejected (same check)
+``min_p > 0``                          error      rejected ("not yet supported with speculative decoding") by
+                                                  ``SamplingParams.verify``; through ``LLM.generate`` on the CPU build
+                                                  it was accepted and silently not applied
+``logit_bias``                         error      same as ``min_p``
 ``n > 1`` with ``temperature == 0``    error      the request is rejected (greedy sampling needs ``n == 1``)
 ``seed`` (CPU build)                   error      per-request seeds fail on vLLM's CPU build
 penalties, ``bad_words``,              note       drafts are still proposed and verified with these applied (lossless);
@@ -17,8 +19,8 @@ penalties, ``bad_words``,              note       drafts are still proposed and 
                                                   accepted less often
 =====================================  =========  ====================================================================
 
-Nothing in vLLM 0.32 silently skips speculation for a single request: the parameters it cannot combine with
-speculation fail the request. Older vLLM releases (V0 engine) skipped speculation for some of them; the table is
+vLLM 0.32 does not skip speculation for a single request: the parameters it cannot combine with speculation
+fail the request or are dropped (min_p, logit_bias), so they are errors here, before the run. Older vLLM releases (V0 engine) skipped speculation for some of them; the table is
 what this package is tested against.
 """
 
@@ -75,12 +77,12 @@ def check_sampling_params(params: Mapping[str, Any] | Any, cpu_build: bool = Fal
     min_p = _get(params, "min_p") or 0.0
     if min_p > _EPS:
         issues.append(SamplingIssue("min_p", min_p, "error",
-                                    "vLLM rejects min_p > 0 when speculative decoding is on (every rollout request "
-                                    "would fail); use top_p/top_k instead, or run without DAS"))
+                                    "vLLM rejects min_p > 0 when speculative decoding is on, or silently does not "
+                                    "apply it; use top_p/top_k instead, or run without DAS"))
     logit_bias = _get(params, "logit_bias")
     if logit_bias:
         issues.append(SamplingIssue("logit_bias", logit_bias, "error",
-                                    "vLLM rejects logit_bias when speculative decoding is on; use bad_words or "
+                                    "vLLM rejects (or silently drops) logit_bias when speculative decoding is on; use bad_words or "
                                     "allowed_token_ids instead, or run without DAS"))
     n = _get(params, "n") or 1
     temperature = _get(params, "temperature")
