@@ -14,7 +14,8 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Sequence
+from contextlib import contextmanager
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -78,6 +79,7 @@ class DASDrafter:
         self._updates_done = threading.Condition(self._lock)
         self._updater: ThreadPoolExecutor | None = None
         self._pending = 0
+        self._engine_waiting = 0  # engine-path callers waiting for the lock (see _engine_lock)
         self._update_errors = 0
         self._update_seconds = 0.0
         self._clear()
@@ -187,10 +189,28 @@ class DASDrafter:
                 self._update_seconds += time.perf_counter() - started
                 self._updates_done.notify_all()
 
+    @contextmanager
+    def _engine_lock(self) -> Iterator[None]:
+        """The lock, for calls on the engine's critical path: announces the caller so that a background tree update
+        pausing between two pieces waits until it got the lock (``RLock`` is not fair: a releasing thread may take it
+        straight back, and under load the waiter starved for seconds)."""
+        self._engine_waiting += 1
+        try:
+            self._lock.acquire()
+        finally:
+            self._engine_waiting -= 1
+        try:
+            yield
+        finally:
+            self._lock.release()
+
     def _yield_lock(self) -> None:
-        """Let ``propose``/``extend_request`` callers in between two pieces of tree work (the lock is held once)."""
+        """Let engine-path callers in between two pieces of tree work (the updater holds the lock once)."""
         self._lock.release()
-        time.sleep(0)  # also hands the GIL over: arctic's tree calls hold it
+        time.sleep(0)  # hands the GIL over too: arctic's tree calls hold it
+        deadline = time.perf_counter() + 0.05
+        while self._engine_waiting and time.perf_counter() < deadline:
+            time.sleep(0.0001)
         self._lock.acquire()
 
     def _executor(self) -> ThreadPoolExecutor:
@@ -226,7 +246,7 @@ class DASDrafter:
         """
         prompt = _as_tokens(prompt_token_ids, "prompt_token_ids")
         key = _problem_key(prompt) if problem_key is None else int(problem_key)
-        with self._lock:
+        with self._engine_lock():
             self._live.start(request_id, prompt, key)
             self._requests += 1
 
@@ -237,7 +257,7 @@ class DASDrafter:
             KeyError: unknown request. ValueError: invalid ids.
         """
         tokens = _as_tokens(new_token_ids, "new_token_ids").tolist()
-        with self._lock:
+        with self._engine_lock():
             if request_id not in self._live:
                 raise KeyError(f"request {request_id!r} is not active (call start_request first)")
             self._live.extend(request_id, tokens)
@@ -248,14 +268,14 @@ class DASDrafter:
         Raises:
             KeyError: unknown request.
         """
-        with self._lock:
+        with self._engine_lock():
             if request_id not in self._live:
                 raise KeyError(f"request {request_id!r} is not active")
             self._live.stop(request_id)
 
     def problem_of(self, request_id: str) -> int:
         """Problem key of an active request. Raises ``KeyError`` if it is not active."""
-        with self._lock:
+        with self._engine_lock():
             return self._live.problem_of(request_id)
 
     def history_problems(self) -> list[int]:
@@ -295,7 +315,7 @@ class DASDrafter:
         cfg = self.config
         tail = context[-cfg.max_tree_depth:]
         ctx = tail.tolist() if isinstance(tail, np.ndarray) else [int(t) for t in tail]
-        with self._lock:
+        with self._engine_lock():
             if request_id not in self._live:
                 raise KeyError(f"request {request_id!r} is not active (call start_request first)")
             k = min(int(max_tokens), cfg.max_spec_tokens)
