@@ -27,6 +27,15 @@ from das_trl.vllm.engine import das_engine_kwargs, is_cpu_build
 
 logger = logging.getLogger(__name__)
 
+#: Why ``enable_lora`` is refused in the colocated engine's arguments.
+LORA_IN_ENGINE_MESSAGE = (
+    "das_vllm_kwargs sets enable_lora, which DASGRPOTrainer does not use: like TRL, it merges a PEFT/LoRA adapter "
+    "into the base weights before every weight sync, so the engine serves the merged model and DAS drafts and "
+    "verifies it as any other model. LoRA adapters inside the engine together with a speculative drafter are not "
+    "tested with das-trl on vLLM 0.32 (vLLM's LoRA layers were long restricted with speculative decoding). Remove "
+    "enable_lora (and any max_lora_rank / max_loras) from das_vllm_kwargs."
+)
+
 
 class DASVLLMGeneration(VLLMGeneration):
     """TRL's vLLM generation backend, with the DAS drafter in the engine.
@@ -97,6 +106,8 @@ class DASVLLMGeneration(VLLMGeneration):
         ensure_master_addr_port()
         extra = das_engine_kwargs(self.das["num_speculative_tokens"]) if self.das["enabled"] else {}
         extra.update(self.das["vllm_kwargs"] or {})
+        if extra.get("enable_lora"):
+            raise ValueError(LORA_IN_ENGINE_MESSAGE)
         # TRL's colocate arguments (trl 1.16), plus the DAS engine arguments.
         self.llm = LLM(
             model=self.model.name_or_path,
