@@ -13,6 +13,8 @@ from typing import Any
 
 from trl import GRPOConfig
 
+from das_trl.drafter.policy import LengthPolicyConfig
+
 _WEIGHT_SYNC_MODES = ("auto", "nccl", "inplace", "reload")
 
 #: Environment variable with a JSON object used as ``das_vllm_kwargs`` when the config leaves it unset (e.g. to run an
@@ -52,6 +54,17 @@ class DASGRPOConfig(GRPOConfig):
     das_min_token_prob: float = field(
         default=0.1,
         metadata={"help": "Stop a draft at the first token whose estimated probability falls below this."},
+    )
+    das_length_policy: dict | str | None = field(
+        default=None,
+        metadata={"help": "Length-aware draft budgets per verification round: a dict (or JSON) of "
+                          "das_trl.drafter.policy.LengthPolicyConfig fields, e.g. {\"mode\": \"cost\"} or "
+                          "{\"long_budget\": 16, \"short_budget\": 0}. None uses the defaults: mode 'tiers' (problems "
+                          "ranked by their history's completion lengths: top 20% long = 16 tokens, next 40% medium = "
+                          "8, rest short = 2; running requests promoted as they grow; budgets grow as the batch "
+                          "drains; at most 1024 draft tokens per engine step). Budgets never exceed "
+                          "das_num_speculative_tokens. {\"mode\": \"fixed\", \"fixed_budget\": K} is the "
+                          "length-unaware baseline."},
     )
     das_weight_sync: str = field(
         default="auto",
@@ -121,6 +134,19 @@ def validate_das_settings(settings: dict[str, Any]) -> None:
             raise ValueError(f"das_vllm_kwargs is not valid JSON: {exc}") from None
     if settings["vllm_kwargs"] is not None and not isinstance(settings["vllm_kwargs"], dict):
         raise ValueError(f"das_vllm_kwargs must be a dict, got {type(settings['vllm_kwargs']).__name__}")
+    policy = settings.get("length_policy")
+    if isinstance(policy, str):
+        try:
+            policy = settings["length_policy"] = json.loads(policy)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"das_length_policy is not valid JSON: {exc}") from None
+    if policy is not None:
+        if not isinstance(policy, dict):
+            raise ValueError(f"das_length_policy must be a dict, got {type(policy).__name__}")
+        try:
+            LengthPolicyConfig(**policy)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"das_length_policy: {exc}") from None
     if settings["weight_sync"] not in _WEIGHT_SYNC_MODES:
         raise ValueError(f"das_weight_sync must be one of {_WEIGHT_SYNC_MODES}, got {settings['weight_sync']!r}")
 
@@ -133,4 +159,5 @@ def drafter_config_fields(settings: dict[str, Any]) -> dict[str, Any]:
         "max_spec_tokens": settings["num_speculative_tokens"],
         "max_spec_factor": settings["max_spec_factor"],
         "min_token_prob": settings["min_token_prob"],
+        "length_policy": settings.get("length_policy") or {},
     }

@@ -1,0 +1,75 @@
+"""The live proposer's draft budgets come from the LengthPolicy (the same object the replay benchmark uses): a request
+of a short problem gets the short tier's budget, a long problem's request the long tier's, a length_policy sent with
+das_attach replaces the policy, and per-tier rounds/tokens are counted. Fast: real DASWorkerExtension + DASProposer +
+DASDrafter behind a fake model runner (``reliability_fakes``)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from reliability_fakes import K, FakeWorker
+from das_trl.drafter import problem_key
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(0)
+
+
+def _setup(rng):
+    worker = FakeWorker()
+    assert worker.das_attach("")["ok"]
+    prompts = [rng.integers(10, 900, 12).tolist() for _ in range(5)]
+    texts = [rng.integers(10, 900, 200).tolist() for _ in range(5)]
+    # Problem 0 is long (200-token completions); problems 1-4 stop after 40 tokens. Each: 4 identical samples.
+    ps, cs = [], []
+    for i, (p, t) in enumerate(zip(prompts, texts)):
+        for _ in range(4):
+            ps.append(p)
+            cs.append(t if i == 0 else t[:40])
+    worker.proposer.add_history(ps, cs, background=False)
+    return worker, prompts, texts
+
+
+def _round(worker, prompts, texts, rows):
+    """One proposer round for requests (req_id, problem index, output length so far): returns their drafts."""
+    runner = worker.model_runner
+    runner.set_rows([(rid, prompts[i], texts[i][:n]) for rid, i, n in rows])
+    return runner.step([[texts[i][n - 1]] for _, i, n in rows])
+
+
+def test_budgets_follow_the_problems_length_tier(rng):
+    worker, prompts, texts = _setup(rng)
+    assert worker.proposer.stats()["policy_mode"] == "tiers"
+    rows = [("long", 0, 5), ("short", 3, 5)]
+    _round(worker, prompts, texts, rows)  # first sight: requests start
+    drafts = _round(worker, prompts, texts, [(r, i, n + 1) for r, i, n in rows])
+    assert drafts[0] == texts[0][6:6 + K]  # long tier: 16 capped at K = 8
+    assert 0 < len(drafts[1]) <= 2 and drafts[1] == texts[3][6:6 + len(drafts[1])]  # short tier: 2
+    s = worker.proposer.stats()
+    assert s["tier_long_rounds"] == 2 and s["tier_short_rounds"] == 2
+    assert s["tier_long_tokens"] == 2 and s["tier_short_tokens"] == 2  # one sampled token per row each round
+
+
+def test_length_policy_from_das_attach_replaces_the_policy(rng):
+    worker, prompts, texts = _setup(rng)
+    reply = worker.das_attach(json.dumps({"length_policy": {"mode": "fixed", "fixed_budget": K}}))
+    assert reply["ok"], reply
+    assert worker.proposer.policy.config.mode == "fixed"
+    rows = [("a", 3, 5), ("b", 4, 5)]
+    _round(worker, prompts, texts, rows)
+    drafts = _round(worker, prompts, texts, [(r, i, n + 1) for r, i, n in rows])
+    assert [len(d) for d in drafts] == [K, K]
+    bad = worker.das_attach(json.dumps({"length_policy": {"mode": "sometimes"}}))
+    assert not bad["ok"] and "mode" in bad["error"]
+    assert worker.proposer.policy.config.mode == "fixed"  # a rejected config changes nothing
+
+
+def test_policy_tiers_are_rebuilt_from_history_on_reconfigure(rng):
+    worker, prompts, texts = _setup(rng)
+    assert worker.das_attach(json.dumps({"length_policy": {"short_budget": 1}}))["ok"]
+    policy = worker.proposer.policy
+    assert policy.stats()["problems"] == 5  # lengths replayed from the history, not lost with the old policy
+    assert policy.expected_length(problem_key(prompts[0])) == 200.0
+    assert policy.tier(problem_key(prompts[0])) == 2 and policy.tier(problem_key(prompts[1])) < 2
