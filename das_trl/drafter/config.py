@@ -13,7 +13,9 @@ class DrafterConfig:
         window: appearances of a problem kept (one appearance = the group of
             completions a problem got in one ``add_rollouts`` call, i.e. one GRPO step).
         history_token_budget: total completion tokens kept across all problems; when
-            exceeded, whole appearances are evicted oldest-first across problems.
+            exceeded, whole appearances are evicted oldest-first across problems. Trees
+            cost about 0.55-0.65 KB of RAM per history token (docs/reliability.md), so
+            the default 8M tokens is about 5 GiB.
         prompt_tail_tokens: last prompt tokens prepended to every history/sibling
             sequence inside the trees, so the first output tokens (context = prompt
             tail) can be drafted. Not counted in the token budget.
@@ -60,7 +62,7 @@ class DrafterConfig:
     """
 
     window: int = 16
-    history_token_budget: int = 32_000_000
+    history_token_budget: int = 8_000_000
     prompt_tail_tokens: int = 32
     max_tree_depth: int = 32
     max_spec_tokens: int = 16

@@ -47,7 +47,7 @@ class RolloutHistory:
     Not thread-safe: the owner (``DASDrafter``) serializes access.
     """
 
-    def __init__(self, window: int = 16, token_budget: int = 32_000_000) -> None:
+    def __init__(self, window: int = 16, token_budget: int = 8_000_000) -> None:
         if window < 1 or token_budget < 1:
             raise ValueError(f"window and token_budget must be >= 1, got {window}, {token_budget}")
         self.window = int(window)

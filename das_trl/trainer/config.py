@@ -42,9 +42,11 @@ class DASGRPOConfig(GRPOConfig):
                           "(the sliding window tracks policy drift; DAS paper Sec. 4.1)."},
     )
     das_history_token_budget: int = field(
-        default=32_000_000,
+        default=8_000_000,
         metadata={"help": "Total completion tokens kept in the history across all problems; the oldest "
-                          "appearances are evicted first. About 4 bytes of tree memory per token and more."},
+                          "appearances are evicted first. Each history token costs about 0.55-0.65 KB of engine RAM "
+                          "(suffix trees; measured, docs/reliability.md), so the default 8M is about 5 GiB; size it "
+                          "to the engine host."},
     )
     das_max_spec_factor: float = field(
         default=2.0,
