@@ -6,62 +6,19 @@ Also: a plain vLLM server (dev mode, no DAS) is reported as "not a DAS engine" a
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
 import sys
 
 import pytest
+from server_utils import SERVER_ARGS, free_port, start, start_das_server, stop
 
 pytestmark = [pytest.mark.engine, pytest.mark.trainer]
-
-SERVER_ARGS = ["--dtype", "float32", "--max-model-len", "768", "--enforce-eager",
-               "--kv-cache-memory-bytes", str(512 * 1024**2)]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start(command: list[str], port: int, env: dict | None = None):
-    from das_trl.vllm.serve import wait_for_server
-
-    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_for_server(f"http://127.0.0.1:{port}", process, timeout=600)
-    except Exception:
-        process.kill()
-        raise
-    return process
-
-
-def _stop(process) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        process.kill()
 
 
 @pytest.fixture(scope="module")
 def das_server(model_path):
-    port = _free_port()
-    command = [sys.executable, "-m", "das_trl.cli", "serve", "--model", model_path, "--port", str(port),
-               "--num-speculative-tokens", "8", *SERVER_ARGS]
-    process = _start(command, port)
-    from das_trl.vllm.client import HTTPDASEngine
-
-    engine = HTTPDASEngine(f"http://127.0.0.1:{port}")
-    # `das-trl serve` attaches after /health answers: wait for that too.
-    for _ in range(60):
-        if engine.stats().get("attached"):
-            break
-        import time
-
-        time.sleep(1)
-    yield f"http://127.0.0.1:{port}"
-    _stop(process)
+    base_url, process = start_das_server(model_path)
+    yield base_url
+    stop(process)
 
 
 def test_serve_attaches_and_trl_client_generates_with_drafts(das_server, model_path):
@@ -121,10 +78,10 @@ def test_plain_vllm_server_is_reported_as_not_das(model_path, tmp_path):
     from das_trl.trainer import DASGRPOConfig, DASGRPOTrainer
     from das_trl.vllm.client import DASEngineError
 
-    port = _free_port()
+    port = free_port()
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path,
                "--host", "127.0.0.1", "--port", str(port), *SERVER_ARGS]
-    process = _start(command, port, env=dict(os.environ, VLLM_SERVER_DEV_MODE="1"))
+    process = start(command, port, env=dict(os.environ, VLLM_SERVER_DEV_MODE="1"))
     try:
         args = DASGRPOConfig(output_dir=str(tmp_path / "run"), use_vllm=True, vllm_mode="server",
                              vllm_server_base_url=f"http://127.0.0.1:{port}", num_generations=4,
@@ -133,4 +90,4 @@ def test_plain_vllm_server_is_reported_as_not_das(model_path, tmp_path):
             DASGRPOTrainer(model=model_path, reward_funcs=DEFAULT_REWARD_FUNCS, args=args,
                            train_dataset=load_reasoning_gym_dataset("gsm_symbolic", size=2, seed=0))
     finally:
-        _stop(process)
+        stop(process)

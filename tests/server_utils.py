@@ -1,0 +1,67 @@
+"""Helpers for tests that start real ``das-trl serve`` / vLLM server processes (imported by test modules)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+
+# A float32 engine with a small explicit KV cache (CPU builds count a memory *fraction* against the machine's RAM).
+SERVER_ARGS = ["--dtype", "float32", "--max-model-len", "768", "--enforce-eager",
+               "--kv-cache-memory-bytes", str(512 * 1024**2)]
+
+
+def free_port() -> int:
+    """An unused TCP port on 127.0.0.1 (``int``)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(command: list[str], port: int, env: dict | None = None) -> subprocess.Popen:
+    """Start a server process and wait (up to 600 s) until ``/health`` answers on ``port``.
+
+    Raises:
+        RuntimeError: the process exited or did not become healthy in time (the process is killed).
+    """
+    from das_trl.vllm.serve import wait_for_server
+
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_server(f"http://127.0.0.1:{port}", process, timeout=600)
+    except Exception:
+        process.kill()
+        raise
+    return process
+
+
+def stop(process: subprocess.Popen) -> None:
+    """Terminate a server process (kill it after 60 s)."""
+    process.terminate()
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
+def start_das_server(model_path: str, num_speculative_tokens: int = 8) -> tuple[str, subprocess.Popen]:
+    """Start ``das-trl serve`` on a free port and wait until the drafter is attached.
+
+    Returns:
+        ``(base_url, process)``; stop it with :func:`stop`.
+    """
+    from das_trl.vllm.client import HTTPDASEngine
+
+    port = free_port()
+    command = [sys.executable, "-m", "das_trl.cli", "serve", "--model", model_path, "--port", str(port),
+               "--num-speculative-tokens", str(num_speculative_tokens), *SERVER_ARGS]
+    process = start(command, port)
+    base_url = f"http://127.0.0.1:{port}"
+    engine = HTTPDASEngine(base_url)
+    # `das-trl serve` attaches after /health answers: wait for that too.
+    for _ in range(60):
+        if engine.stats().get("attached"):
+            break
+        time.sleep(1)
+    return base_url, process

@@ -1,0 +1,119 @@
+"""Drop-in proof: a GRPO script written for stock TRL runs with das-trl after changing only the import and the class
+names, on the embedded model and data, in colocate and in server mode, and its rollouts go through the DAS engine.
+
+The stock script is ``tests/scripts/stock_trl_grpo.py`` (nothing from das-trl in it); :func:`das_variant` produces the
+das-trl version by text replacement and checks that the diff is exactly the import line and the two constructor
+calls. The variant runs in this process (one GRPO step) with the model path, data directory and vLLM mode passed
+through environment variables the stock script reads.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from pathlib import Path
+
+import pytest
+from server_utils import start_das_server, stop
+
+pytestmark = [pytest.mark.engine, pytest.mark.trainer]
+
+STOCK_SCRIPT = Path(__file__).parent / "scripts" / "stock_trl_grpo.py"
+STOCK_IMPORT = "from trl import GRPOConfig, GRPOTrainer"
+DAS_IMPORT = "from das_trl.trainer import DASGRPOConfig, DASGRPOTrainer"
+
+
+def das_variant(source: str) -> str:
+    """The das-trl version of a stock TRL GRPO script: the import line and the class names replaced, nothing else.
+
+    Raises:
+        AssertionError: the script does not have exactly one stock import line, or the diff touches other lines.
+    """
+    assert source.count(STOCK_IMPORT) == 1, "the stock script must import GRPOConfig, GRPOTrainer from trl once"
+    out = source.replace(STOCK_IMPORT, DAS_IMPORT)
+    out = re.sub(r"\bGRPOConfig\(", "DASGRPOConfig(", out)
+    out = re.sub(r"\bGRPOTrainer\(", "DASGRPOTrainer(", out)
+    changed = [line for line in difflib.unified_diff(source.splitlines(), out.splitlines(), lineterm="", n=0)
+               if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+    assert sorted(changed) == sorted([
+        f"-{STOCK_IMPORT}", f"+{DAS_IMPORT}",
+        "-training_args = GRPOConfig(", "+training_args = DASGRPOConfig(",
+        "-trainer = GRPOTrainer(", "+trainer = DASGRPOTrainer(",
+    ]), changed
+    return out
+
+
+def test_das_variant_changes_only_import_and_class_names():
+    source = STOCK_SCRIPT.read_text()
+    code = [line for line in source.splitlines() if line.startswith(("import ", "from "))]
+    assert code and not any("das_trl" in line for line in code), code  # the stock script imports plain TRL only
+    variant = das_variant(source)
+    assert DAS_IMPORT in variant and "trl import GRPOConfig" not in variant
+    with pytest.raises(AssertionError):
+        das_variant(source.replace(STOCK_IMPORT, "from trl import GRPOTrainer, GRPOConfig"))
+
+
+@pytest.fixture(scope="module")
+def stock_data_dir(tmp_path_factory) -> str:
+    """A local dataset directory (one JSON-lines file; columns ``prompt``, ``answer``) from the embedded data."""
+    from das_trl.defaults.data import load_reasoning_gym_dataset
+
+    directory = tmp_path_factory.mktemp("stock-data")
+    load_reasoning_gym_dataset("gsm_symbolic", size=2, seed=0).select_columns(["prompt", "answer"]).to_json(
+        str(directory / "train.jsonl"))
+    return str(directory)
+
+
+def _run_variant(monkeypatch, tmp_path, model_path: str, data_dir: str, mode: str, base_url: str | None = None):
+    """Execute the das-trl variant of the stock script in this process; returns the script's ``trainer``."""
+    monkeypatch.setenv("MODEL_NAME", model_path)
+    monkeypatch.setenv("DATASET", data_dir)
+    monkeypatch.setenv("VLLM_MODE", mode)
+    monkeypatch.setenv("OUTPUT_DIR", str(tmp_path / "out"))
+    # CPU engine settings through the environment, so the script itself stays stock: an explicit KV cache size (a
+    # memory fraction counts the trainer's own RAM on CPU builds), eager mode (no torch.compile wait), float32.
+    monkeypatch.setenv("DAS_TRL_VLLM_KWARGS", json.dumps(
+        {"kv_cache_memory_bytes": 512 * 1024**2, "enforce_eager": True, "dtype": "float32"}))
+    if base_url is not None:
+        monkeypatch.setenv("VLLM_SERVER_BASE_URL", base_url)
+    namespace = {"__name__": "__main__", "__file__": str(STOCK_SCRIPT)}
+    exec(compile(das_variant(STOCK_SCRIPT.read_text()), str(STOCK_SCRIPT), "exec"), namespace)  # noqa: S102
+    return namespace["trainer"]
+
+
+def _das_logs(trainer) -> list[dict]:
+    return [h for h in trainer.state.log_history if "das/rollout_seconds" in h]
+
+
+def test_stock_script_colocate_mode(monkeypatch, tmp_path, model_path, stock_data_dir):
+    from das_trl.trainer import DASGRPOTrainer
+
+    trainer = _run_variant(monkeypatch, tmp_path, model_path, stock_data_dir, "colocate")
+    assert isinstance(trainer, DASGRPOTrainer)
+    logs = _das_logs(trainer)
+    assert len(logs) == 1, trainer.state.log_history
+    assert logs[0]["das/history_problems"] == 1  # the step's rollouts reached the drafter history
+    stats = trainer.vllm_generation.das_stats()
+    assert stats["attached"] and stats["request_rounds"] > 0, stats  # the DAS proposer ran every round
+    assert stats["draft_tokens"] > 0, stats  # and drafted (prompt/local and sibling trees: no history at step 1)
+    assert logs[0]["das/draft_tokens"] == stats["draft_tokens"]
+
+
+def test_stock_script_server_mode(monkeypatch, tmp_path, model_path, stock_data_dir):
+    from das_trl.trainer import DASGRPOTrainer
+    from das_trl.vllm.client import HTTPDASEngine
+
+    # `das-trl serve`'s default K (16) is also the config's default das_num_speculative_tokens.
+    base_url, process = start_das_server(model_path, num_speculative_tokens=16)
+    try:
+        trainer = _run_variant(monkeypatch, tmp_path, model_path, stock_data_dir, "server", base_url)
+        assert isinstance(trainer, DASGRPOTrainer)
+        assert trainer.vllm_generation.engine is not None
+        logs = _das_logs(trainer)
+        assert len(logs) == 1, trainer.state.log_history
+        stats = HTTPDASEngine(base_url).stats()
+        assert stats["history_sequences"] == 4 and stats["request_rounds"] > 0, stats
+        assert logs[0]["das/draft_tokens"] == stats["draft_tokens"]
+    finally:
+        stop(process)
