@@ -1,8 +1,9 @@
 """`das-trl bench live` end to end on real CPU vLLM engines, at the smallest greedy size.
 
-One run of all four drafters (none, ngram, suffix, DAS), one engine at a time: greedy outputs must be
-token-identical to no-SD, DAS and suffix must draft from the pushed history and have drafts accepted, and the JSON
-must hold the documented fields. Also unit checks of the counter arithmetic and the sampling warnings (no engine).
+One run of none, suffix and DAS (ngram is left to the documented command, to keep this under ~3 minutes of CI: each
+engine costs a process start and an engine build), one engine at a time: greedy outputs must be token-identical to
+no-SD, DAS and suffix must draft from the pushed history and have drafts accepted, and the JSON must hold the
+documented fields. Also unit checks of the counter arithmetic and the sampling warnings (no engine).
 """
 
 from __future__ import annotations
@@ -64,10 +65,10 @@ def test_report_catches_silent_fallback_and_greedy_mismatch():
 
 
 @pytest.mark.engine
-def test_live_greedy_all_drafters_identical_and_das_accepts(model_path, tmp_path):
+def test_live_greedy_identical_and_das_accepts(model_path, tmp_path):
     out = tmp_path / "live"
-    rc = live.main(["--model", model_path, "--greedy", "--prompts", "2", "--samples", "2", "--max-tokens", "16",
-                    "--warm-epochs", "1", "--num-speculative-tokens", "8", "--max-model-len", "512",
+    rc = live.main(["--model", model_path, "--drafters", "none,suffix,das", "--greedy", "--prompts", "2",
+                    "--samples", "2", "--max-tokens", "16", "--warm-epochs", "1", "--num-speculative-tokens", "8", "--max-model-len", "512",
                     "--kv-cache-bytes", str(256 * 1024**2), "--out", str(out)])
     result = json.loads((out / "live.json").read_text())
     assert rc == 0, result["errors"]
@@ -76,7 +77,7 @@ def test_live_greedy_all_drafters_identical_and_das_accepts(model_path, tmp_path
     assert {"config", "platform", "vllm_version", "wall_time_note", "tiers_note", "history", "warnings",
             "results", "errors"} <= set(result)
     by_name = {r["drafter"]: r for r in result["results"]}
-    assert list(by_name) == ["none", "ngram", "suffix", "das"]
+    assert list(by_name) == ["none", "suffix", "das"]
     none = by_name["none"]
     assert none["spec_decode"]["num_draft_tokens"] == 0
     assert none["engine_steps"] >= 16  # 16 tokens, one per step, plus nothing to speed it up
@@ -87,9 +88,8 @@ def test_live_greedy_all_drafters_identical_and_das_accepts(model_path, tmp_path
         assert set(r["tokens_per_round_by_tier"]) == {"short", "medium", "long"}
         assert len(r["completion_step"]["per_request"]) == 4
         assert r["finished_by_step"][-1] == 4
-    for name in ("ngram", "suffix", "das"):
+    for name in ("suffix", "das"):  # both drafted from the pushed history
         assert by_name[name]["identical_to_none"] is True, name
-    for name in ("suffix", "das"):  # both drafted from the pushed history (ngram may find no repeated 5-gram)
         assert by_name[name]["speculation_ran"] is True, name
     das = by_name["das"]
     assert das["spec_decode"]["num_accepted_tokens"] > 0

@@ -12,13 +12,13 @@ Procedure:
    samples the same distribution). DAS gets it through :meth:`~das_trl.vllm.client.DASEngine.add_history`; vLLM's
    ``suffix`` gets the same rollouts as cached responses of its ``SuffixDecodingCache`` (through
    :class:`SuffixHistoryExtension`); ``ngram`` and ``none`` use no history.
-3. One engine per drafter, built one at a time and shut down before the next, all with the same
+3. One engine per drafter, each in a fresh process, one at a time, all with the same
    ``num_speculative_tokens``; each runs the batch with RL-style sampling as TRL's colocate mode sends it: one request
    per (prompt, sample) with ``n=1``, ``temperature``, ``top_p=1``, ``top_k=-1``, ``min_p=0``, ``logprobs=0``, an
    engine with ``logprobs_mode="processed_logprobs"``. ``--greedy`` runs the batch at temperature 0 (history is
    still sampled at ``--temperature``) and checks every drafter's tokens against ``none``'s.
-4. The engine is driven step by step (``llm_engine.add_request`` / ``llm_engine.step()`` with the engine core in this
-   process, so one ``step()`` is one scheduler step = one forward pass), recording per request the step at which it
+4. The engine is driven step by step (``llm_engine.add_request`` / ``llm_engine.step()`` with the engine core in the
+   same process, so one ``step()`` is one scheduler step = one forward pass), recording per request the step at which it
    finished and its verification rounds (steps in which it emitted tokens).
 
 Reported per drafter: engine steps (the batch's makespan in forward passes), vLLM ``spec_decode`` counters (drafts,
@@ -275,21 +275,22 @@ def sampling_params(temperature: float, max_tokens: int) -> Any:
                           max_tokens=max_tokens, logprobs=0, output_kind=RequestOutputKind.DELTA)
 
 
-def sampling_warnings(params: Any, speculative_config: dict[str, Any] | None, batch_size: int) -> list[str]:
-    """Reasons speculation would be rejected or switched off for ``params`` in an engine with ``speculative_config``.
+def sampling_warnings(params: Any, speculative_config: dict[str, Any] | None, batch_size: int,
+                      cpu_build: bool = False) -> list[str]:
+    """Reasons speculation would be rejected, dropped or switched off for ``params`` in an engine with
+    ``speculative_config``.
 
     Returns:
-        human-readable warnings (empty when speculation will run): ``min_p > 0`` or ``logit_bias`` (vLLM rejects the
-        request when speculation is configured), ``n > 1`` at temperature 0 (rejected), ``disable_by_batch_size`` at
-        or below ``batch_size`` (vLLM stops drafting while that many requests run).
+        human-readable warnings (empty when speculation will run as configured): the issues of
+        :func:`das_trl.vllm.sampling_check.check_sampling_params` (``min_p``, ``logit_bias``, ``n > 1`` at temperature
+        0, ...), and ``disable_by_batch_size`` at or below ``batch_size`` (vLLM stops drafting while that many
+        requests run).
     """
-    out = []
+    from das_trl.vllm.sampling_check import check_sampling_params
+
     if not speculative_config:
-        return out
-    if getattr(params, "min_p", 0.0) > 0 or getattr(params, "logit_bias", None):
-        out.append("min_p > 0 / logit_bias: vLLM rejects these with speculative decoding (set min_p=0 in TRL)")
-    if getattr(params, "n", 1) > 1 and getattr(params, "temperature", 1.0) == 0:
-        out.append("n > 1 at temperature 0: vLLM rejects it with speculative decoding (send n requests)")
+        return []
+    out = [f"{i.severity} {i.param}={i.value!r}: {i.message}" for i in check_sampling_params(params, cpu_build)]
     limit = speculative_config.get("disable_by_batch_size")
     if limit is not None and batch_size >= int(limit):
         out.append(f"speculative_config disable_by_batch_size={limit} <= batch {batch_size}: vLLM drafts nothing "
@@ -306,7 +307,7 @@ def run_batch(llm: Any, prompts: Sequence[Sequence[int]], samples: int, params: 
         prompts: prompt token ids.
         samples: requests per prompt (GRPO group size), each with ``params`` (``n`` must be 1, output kind DELTA).
         tag: request-id prefix, unique per call.
-        deadline: ``time.monotonic()`` value after which the remaining requests are aborted (``timed_out`` set).
+        deadline: ``time.time()`` value after which the remaining requests are aborted (``timed_out`` set).
 
     Returns:
         a :class:`BatchResult`, requests in prompt-major order.
@@ -324,7 +325,7 @@ def run_batch(llm: Any, prompts: Sequence[Sequence[int]], samples: int, params: 
     step = 0
     timed_out = False
     while engine.has_unfinished_requests():
-        if deadline is not None and time.monotonic() > deadline:
+        if deadline is not None and time.time() > deadline:
             engine.abort_request([r for r in rids if not finish[index[r]]])
             timed_out = True
             break
@@ -571,6 +572,56 @@ def write_plot(reports: Sequence[DrafterReport], path: str | Path) -> str:
 
 
 # ---------------------------------------------------------------------------- driver
+def run_drafter(cfg: LiveConfig, model: str, drafter: str, cpu: bool, prompts: list[list[int]],
+                hist_prompts: list[list[int]], hist_completions: list[list[int]], generate: bool,
+                temperature: float, deadline: float | None) -> dict[str, Any]:
+    """Build ``drafter``'s engine, give it the history (generating it first when ``generate``), run the batch.
+
+    Returns:
+        ``{"batch": BatchResult, "spec": counter_delta(...), "das_stats": dict | None, "push": dict | None,
+        "history": (prompts, completions) | None}`` (``history`` only when generated here).
+    """
+    llm = build_engine(cfg, model, drafter, cpu)
+    try:
+        history = None
+        if generate:
+            history = generate_history(llm, cfg, prompts)
+            hist_prompts, hist_completions = history
+        # A suffix engine that generated the history has it in its cache already.
+        push = None
+        if not (generate and drafter == "suffix"):
+            push = push_history(llm, drafter, hist_prompts, hist_completions, cfg.das_config)
+        before = spec_counters(llm)
+        params = sampling_params(temperature, cfg.max_tokens)
+        batch = run_batch(llm, prompts, cfg.samples, params, tag=f"live-{drafter}", deadline=deadline)
+        spec = counter_delta(spec_counters(llm), before)
+        das_stats = None
+        if drafter == "das":
+            from das_trl.vllm.client import LocalDASEngine
+
+            das_stats = LocalDASEngine(llm).stats()
+        return {"batch": batch, "spec": spec, "das_stats": das_stats, "push": push, "history": history}
+    finally:
+        shutdown_engine(llm)
+
+
+def run_drafter_isolated(*args: Any) -> dict[str, Any]:
+    """:func:`run_drafter` in a fresh (spawned) process, so every engine starts from a clean interpreter.
+
+    Building a second in-process engine after vLLM's ``ngram`` proposer imported numba fails in vLLM 0.32's CPU
+    kernel registration (``'_lib_fn_wrapper' object has no attribute 'get'``, ``triton_utils/dispatcher.py``); a
+    process per engine also returns all of its memory.
+
+    Raises:
+        whatever :func:`run_drafter` raised in the child.
+    """
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(run_drafter, *args).result()
+
+
 def _log(message: str) -> None:
     # Flushed at once: vLLM forks helper processes, which would print a block-buffered stdout again.
     print(message, flush=True)
@@ -586,7 +637,7 @@ def run_live(cfg: LiveConfig, log=_log) -> dict[str, Any]:
 
     for d in cfg.drafters:
         speculative_kwargs(d, cfg.num_speculative_tokens)  # validates the name
-    deadline = time.monotonic() + cfg.time_limit_s if cfg.time_limit_s else None
+    deadline = time.time() + cfg.time_limit_s if cfg.time_limit_s else None
     model = cfg.model
     if model is None:
         from das_trl.defaults.model import prepare_default_model
@@ -600,7 +651,7 @@ def run_live(cfg: LiveConfig, log=_log) -> dict[str, Any]:
     warnings: list[str] = []
     for d in cfg.drafters:
         spec = speculative_kwargs(d, cfg.num_speculative_tokens).get("speculative_config")
-        warnings += [f"{d}: {w}" for w in sampling_warnings(params, spec, batch_size)]
+        warnings += [f"{d}: {w}" for w in sampling_warnings(params, spec, batch_size, cpu)]
     for w in warnings:
         log(f"[das-trl bench live] WARNING {w}")
     if cpu and temperature > 0 and os.environ.get("DAS_TRL_CPU_SAMPLER_FIX") == "0":
@@ -611,45 +662,31 @@ def run_live(cfg: LiveConfig, log=_log) -> dict[str, Any]:
     reports: list[DrafterReport] = []
     reference: BatchResult | None = None
     for n, drafter in enumerate(cfg.drafters):
-        if deadline is not None and time.monotonic() > deadline:
+        if deadline is not None and time.time() > deadline:
             warnings.append(f"time limit reached before {drafter}: skipped")
             log(f"[das-trl bench live] time limit reached: skipping {drafter} and later drafters")
             break
-        log(f"[das-trl bench live] {drafter}: starting the engine (K={cfg.num_speculative_tokens})")
-        llm = build_engine(cfg, model, drafter, cpu)
-        try:
-            generated_here = False
-            if n == 0 and not cfg.history and cfg.warm_epochs > 0:
-                log(f"[das-trl bench live] generating {cfg.warm_epochs} history epochs at T={cfg.temperature}")
-                hist_prompts, hist_completions = generate_history(llm, cfg, prompts)
-                generated_here = True
-            # A suffix engine that generated the history has it in its cache already.
-            push = None
-            if not (generated_here and drafter == "suffix"):
-                push = push_history(llm, drafter, hist_prompts, hist_completions, cfg.das_config)
-            before = spec_counters(llm)
-            batch = run_batch(llm, prompts, cfg.samples, params, tag=f"live-{drafter}", deadline=deadline)
-            spec = counter_delta(spec_counters(llm), before)
-            das_stats = None
-            if drafter == "das":
-                from das_trl.vllm.client import LocalDASEngine
-
-                das_stats = LocalDASEngine(llm).stats()
-            # DAS: its proposer counted what it proposed; suffix: it was given history.
-            expect = {"das": bool(das_stats and das_stats.get("draft_tokens")),
-                      "suffix": bool(hist_completions)}.get(drafter, False)
-            report = make_report(drafter, cfg, batch, spec, reference, expect_drafts=expect)
-            report.history_push = push
-            report.das_stats = das_stats
-            if das_stats is not None and (not das_stats.get("attached") or das_stats.get("unattached_rounds", 0)):
-                report.errors.append("das: the proposer was not attached for the whole batch")
-            if drafter == "none":
-                reference = batch
-            reports.append(report)
-            log(f"[das-trl bench live] {drafter}: {batch.engine_steps} engine steps, "
-                f"{report.tokens_per_round:.3f} tokens/round, {spec['num_accepted_tokens']} accepted draft tokens")
-        finally:
-            shutdown_engine(llm)
+        generate = n == 0 and not cfg.history and cfg.warm_epochs > 0
+        log(f"[das-trl bench live] {drafter}: starting the engine (K={cfg.num_speculative_tokens})"
+            + (f"; it first generates {cfg.warm_epochs} history epochs at T={cfg.temperature}" if generate else ""))
+        run = run_drafter_isolated(cfg, model, drafter, cpu, prompts, hist_prompts, hist_completions, generate,
+                                   temperature, deadline)
+        if generate:
+            hist_prompts, hist_completions = run["history"]
+        batch, spec, das_stats = run["batch"], run["spec"], run["das_stats"]
+        # DAS: its proposer counted what it proposed; suffix: it was given history.
+        expect = {"das": bool(das_stats and das_stats.get("draft_tokens")),
+                  "suffix": bool(hist_completions)}.get(drafter, False)
+        report = make_report(drafter, cfg, batch, spec, reference, expect_drafts=expect)
+        report.history_push = run["push"]
+        report.das_stats = das_stats
+        if das_stats is not None and (not das_stats.get("attached") or das_stats.get("unattached_rounds", 0)):
+            report.errors.append("das: the proposer was not attached for the whole batch")
+        if drafter == "none":
+            reference = batch
+        reports.append(report)
+        log(f"[das-trl bench live] {drafter}: {batch.engine_steps} engine steps, "
+            f"{report.tokens_per_round:.3f} tokens/round, {spec['num_accepted_tokens']} accepted draft tokens")
     errors = [e for r in reports for e in r.errors]
     hist_lengths = [len(c) for c in hist_completions]
     return {
