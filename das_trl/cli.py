@@ -21,8 +21,6 @@ def main(argv: list[str] | None = None) -> int:
     prep.add_argument("--force", action="store_true")
     sub.add_parser("doctor", help="check the environment (engine build, arctic-inference, trl/vLLM versions, "
                                   "device) and say what to fix", add_help=False)
-    sub.add_parser("doctor", help="check the environment (engine build, arctic-inference, trl/vLLM versions, "
-                                  "device) and say what to fix", add_help=False)
     if argv and argv[0] == "serve":
         from das_trl.vllm.serve import main as serve_main
 
@@ -34,10 +32,6 @@ def main(argv: list[str] | None = None) -> int:
         import importlib
 
         return int(importlib.import_module(benches[argv[1]]).main(argv[2:]) or 0)
-    if argv and argv[0] == "doctor":
-        from das_trl.doctor import main as doctor_main
-
-        return doctor_main(argv[1:])
     if argv and argv[0] == "doctor":
         from das_trl.doctor import main as doctor_main
 
