@@ -228,7 +228,8 @@ def build_engine(cfg: LiveConfig, model: str, drafter: str, cpu: bool) -> Any:
     """A ``vllm.LLM`` for ``drafter`` whose engine core runs in this process (one ``step()`` = one scheduler step).
 
     CPU builds get an explicit KV cache (``kv_cache_bytes``), GPU builds ``gpu_memory_utilization``. Stats logging is
-    on, so vLLM's ``spec_decode`` counters exist; ``logprobs_mode="processed_logprobs"`` as TRL sets it.
+    on, so vLLM's ``spec_decode`` counters exist; ``logprobs_mode="processed_logprobs"`` as TRL sets it; async
+    scheduling off for every drafter (vLLM forces it off for the drafting ones).
     """
     from vllm import LLM
 
@@ -241,6 +242,9 @@ def build_engine(cfg: LiveConfig, model: str, drafter: str, cpu: bool) -> Any:
         seed=cfg.seed,
         logprobs_mode="processed_logprobs",
         enforce_eager=cpu if cfg.enforce_eager is None else cfg.enforce_eager,
+        # vLLM turns async scheduling off for ngram/suffix/custom_class drafters; off for `none` too, so that every
+        # engine runs the same loop and one step() is one scheduled forward pass.
+        async_scheduling=False,
     )
     if cpu:
         kwargs["kv_cache_memory_bytes"] = cfg.kv_cache_bytes
