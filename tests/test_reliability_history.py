@@ -165,6 +165,7 @@ def test_history_saved_in_checkpoint_and_restored_on_resume_drafts_the_same(tmp_
 
     prompt, completion = _step(np.random.default_rng(4), 3)[0][0], None
     worker = engine.workers[0]
+    worker.proposer.drafter.wait_for_updates()  # pushes build the trees in the background
     completion = [int(t) for t in worker.proposer.drafter.state_dict()["history"]["tokens"][-30:]]
     runner = worker.model_runner
     runner.set_rows([("probe", prompt, completion[:6])])

@@ -191,9 +191,9 @@ class DASDrafter:
 
     @contextmanager
     def _engine_lock(self) -> Iterator[None]:
-        """The lock, for calls on the engine's critical path: announces the caller so that a background tree update
-        pausing between two pieces waits until it got the lock (``RLock`` is not fair: a releasing thread may take it
-        straight back, and under load the waiter starved for seconds)."""
+        """The lock, for calls on the engine's critical path and quick RPCs (stats, state): announces the caller so
+        that a background tree update pausing between two pieces waits until it got the lock (``RLock`` is not fair:
+        a releasing thread may take it straight back, and under load the waiter starved for seconds)."""
         self._engine_waiting += 1
         try:
             self._lock.acquire()
@@ -280,12 +280,12 @@ class DASDrafter:
 
     def history_problems(self) -> list[int]:
         """Keys of the problems with history (a new list)."""
-        with self._lock:
+        with self._engine_lock():
             return self._history.problems()
 
     def history_lengths(self, problem_key: int) -> np.ndarray:
         """Completion lengths (tokens, ``np.int64``, oldest first) in a problem's window; empty if unknown."""
-        with self._lock:
+        with self._engine_lock():
             return self._history.lengths(problem_key)
 
     @property
@@ -342,7 +342,7 @@ class DASDrafter:
         source -> winning drafts), live/index sizes, and the background updater's
         ``pending_updates``, ``update_errors`` and ``update_seconds`` (time spent
         applying background updates, lock pauses included)."""
-        with self._lock:
+        with self._engine_lock():
             out = self._history.stats()
             out.update(self._index.stats())
             out.update(self._live.stats())
@@ -362,8 +362,8 @@ class DASDrafter:
     def state_dict(self) -> dict:
         """Persistable state: ``{"history": RolloutHistory.to_state(), "config": dict}``
         (numpy arrays, ints, plain dicts; no pickled objects)."""
-        self.wait_for_updates()
-        with self._lock:
+        # No wait for background tree updates: the history itself is updated synchronously by add_rollouts.
+        with self._engine_lock():
             return {"history": self._history.to_state(), "config": self.config.to_dict()}
 
     def load_state_dict(self, state: dict) -> None:
