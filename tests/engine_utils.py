@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import os
 
 # An explicit, small KV cache: several engines may be alive at once on a 24 GiB CI machine, and on CPU builds a
@@ -33,9 +32,6 @@ def make_llm(model_path: str, das: bool = False, num_speculative_tokens: int = 8
 
 def shutdown(llm) -> None:
     """Release an engine (its engine-core process and memory) before the next one starts."""
-    try:
-        llm.llm_engine.engine_core.shutdown()
-    except Exception:  # noqa: BLE001 - best effort on teardown
-        pass
-    del llm
-    gc.collect()
+    from das_trl.bench.live import shutdown_engine
+
+    shutdown_engine(llm)

@@ -73,8 +73,9 @@ def _measure_stall(drafter: DASDrafter, args, rng, prompts, templates, phrases, 
           f"{max(busy, default=0) * 1e3:.2f} ms; the same push done synchronously blocks {sync_seconds:.2f} s")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    """Run the micro-benchmark (``das-trl bench drafter-speed``); prints figures, returns 0."""
+    ap = argparse.ArgumentParser(prog="das-trl bench drafter-speed", description=__doc__.splitlines()[0])
     ap.add_argument("--problems", type=int, default=512)
     ap.add_argument("--samples", type=int, default=16)
     ap.add_argument("--appearances", type=int, default=4)
@@ -83,7 +84,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     rng = np.random.default_rng(args.seed)
 
     prompts = [rng.integers(0, args.vocab, 64).astype(np.int32) for _ in range(args.problems)]
@@ -151,7 +152,8 @@ def main() -> None:
         print(f"peak RSS: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
     except ImportError:
         pass
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
