@@ -16,6 +16,10 @@ class DrafterConfig:
             exceeded, whole appearances are evicted oldest-first across problems. Trees
             cost about 0.55-0.65 KB of RAM per history token (docs/reliability.md), so
             the default 8M tokens is about 5 GiB.
+        recent_appearance_weight: the newest appearance of each problem counts this many
+            times in its problem tree (older ones once), so the tree's probabilities lean
+            towards the current policy (the paper down-weights older epochs). 1 = equal
+            weights; each extra unit re-inserts the newest appearance once more.
         prompt_tail_tokens: last prompt tokens prepended to every history/sibling
             sequence inside the trees, so the first output tokens (context = prompt
             tail) can be drafted. Not counted in the token budget.
@@ -63,6 +67,7 @@ class DrafterConfig:
 
     window: int = 16
     history_token_budget: int = 8_000_000
+    recent_appearance_weight: int = 1
     prompt_tail_tokens: int = 32
     max_tree_depth: int = 32
     max_spec_tokens: int = 16
@@ -89,7 +94,7 @@ class DrafterConfig:
                 raise ValueError(f"DrafterConfig: {msg}")
 
         for name in ("window", "history_token_budget", "max_tree_depth", "max_spec_tokens",
-                     "min_match_len"):
+                     "min_match_len", "recent_appearance_weight"):
             value = getattr(self, name)
             need(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
                  f"{name} must be an int >= 1, got {value!r}")

@@ -10,7 +10,7 @@ whose context is the prompt's end, can be drafted.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -26,6 +26,8 @@ from .support import GLOBAL_SCOPE, SupportTable, scope_salt
 class _Indexed:
     app: Appearance
     seq_ids: list[int]
+    # Extra copies of the sequences in the problem tree while this is the problem's newest appearance (recency weight).
+    recent_ids: list[int] = field(default_factory=list)
 
 
 class HistoryIndex:
@@ -50,6 +52,7 @@ class HistoryIndex:
         self._global = SuffixTree(config.max_tree_depth) if config.use_global_tree else None
         self._support = SupportTable(config.support_table_bits)
         self._apps: dict[int, _Indexed] = {}
+        self._newest: dict[int, int] = {}  # problem key -> appearance id holding the recency copies
         self._next_seq = 0
 
     def _sequences(self, app: Appearance) -> list[np.ndarray]:
@@ -96,8 +99,7 @@ class HistoryIndex:
                 if tree is None:
                     tree = self._problem_trees[app.problem_key] = SuffixTree(self.cfg.max_tree_depth)
             for i, seq in enumerate(seqs):
-                sid = self._next_seq
-                self._next_seq = (self._next_seq + 1) & 0x7FFFFFFF  # arctic ids are int32
+                sid = self._new_seq_id()
                 seq_ids.append(sid)
                 targets = ([tree] if tree is not None else []) + ([self._global] if i < n_global else [])
                 for start in range(0, len(seq), chunk):
@@ -106,8 +108,38 @@ class HistoryIndex:
                         t.extend_ndarray(sid, piece)
                     if pause is not None:
                         pause()
-            self._apps[app.appearance_id] = _Indexed(app, seq_ids)
+            entry = self._apps[app.appearance_id] = _Indexed(app, seq_ids)
             self._support.add(self._keys(app, seqs), +1)
+            if tree is not None and self.cfg.recent_appearance_weight > 1:
+                self._move_recency_copies(tree, entry, seqs, pause)
+
+    def _new_seq_id(self) -> int:
+        sid = self._next_seq
+        self._next_seq = (self._next_seq + 1) & 0x7FFFFFFF  # arctic ids are int32
+        return sid
+
+    def _move_recency_copies(self, tree: SuffixTree, entry: _Indexed, seqs: list[np.ndarray],
+                             pause: Callable[[], None] | None) -> None:
+        """Give the problem's newest appearance ``recent_appearance_weight - 1`` extra copies in its problem tree (so
+        its continuations weigh more in the tree's counts: the paper down-weights older epochs) and drop the copies
+        of the appearance that was newest before."""
+        key = entry.app.problem_key
+        old = self._apps.get(self._newest.get(key, -1))
+        if old is not None:
+            for sid in old.recent_ids:
+                tree.remove(sid)
+                if pause is not None:
+                    pause()
+            old.recent_ids = []
+        for _ in range(self.cfg.recent_appearance_weight - 1):
+            for seq in seqs:
+                sid = self._new_seq_id()
+                entry.recent_ids.append(sid)
+                for start in range(0, len(seq), self.chunk_tokens):
+                    tree.extend_ndarray(sid, seq[start:start + self.chunk_tokens])
+                    if pause is not None:
+                        pause()
+        self._newest[key] = entry.app.appearance_id
 
     def remove(self, appearance_ids: list[int], pause: Callable[[], None] | None = None) -> None:
         """Remove appearances (by id) from trees and counts; unknown ids are ignored. ``pause`` as in
@@ -125,6 +157,11 @@ class HistoryIndex:
                     self._global.remove(sid)
                 if pause is not None:
                     pause()
+            for sid in entry.recent_ids:
+                if tree is not None:
+                    tree.remove(sid)
+            if self._newest.get(entry.app.problem_key) == app_id:
+                del self._newest[entry.app.problem_key]
             if tree is not None and tree.num_seqs() == 0:
                 del self._problem_trees[entry.app.problem_key]
             self._support.add(self._keys(entry.app, self._sequences(entry.app)), -1)

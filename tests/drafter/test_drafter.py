@@ -270,3 +270,22 @@ def test_config_validation(bad):
 
     with pytest.raises(ValueError, match="DrafterConfig"):
         DrafterConfig(**bad)
+
+
+def test_recent_appearance_weight_favours_the_newest_appearance(rng):
+    prompt, ctx = rand_seq(rng, 30), rand_seq(rng, 8)
+    old, new = rand_seq(rng, 12), rand_seq(rng, 12)
+    picks = {}
+    for weight in (1, 3):
+        d = make_drafter(recent_appearance_weight=weight, use_global_tree=False, use_local_tree=False,
+                         share_running_siblings=False, share_running_batch=False, evidence_pseudocount=0.01,
+                         min_token_prob=0.0)
+        d.add_rollouts([prompt] * 2, [ctx + old] * 2)  # older appearance: 2 samples continue with `old`
+        d.add_rollouts([prompt], [ctx + new])  # newest appearance: 1 sample continues with `new`
+        d.start_request("r", prompt)
+        picks[weight] = d.propose("r", prompt + ctx, 4)
+        tree = d._index._problem_trees[problem_key(prompt)]
+        assert tree.num_seqs() == 3 + (weight - 1)  # the newest appearance's extra copies
+        d.add_rollouts([prompt], [rand_seq(rng, 20)])  # a newer appearance takes the copies over
+        assert tree.num_seqs() == 4 + (weight - 1)
+    assert picks[1] == old[:4] and picks[3] == new[:4]
