@@ -73,3 +73,16 @@ def test_policy_tiers_are_rebuilt_from_history_on_reconfigure(rng):
     assert policy.stats()["problems"] == 5  # lengths replayed from the history, not lost with the old policy
     assert policy.expected_length(problem_key(prompts[0])) == 200.0
     assert policy.tier(problem_key(prompts[0])) == 2 and policy.tier(problem_key(prompts[1])) < 2
+
+
+def test_reattach_retires_tracked_requests_and_running_ones_resume(rng):
+    worker, prompts, texts = _setup(rng)
+    rows = [("a", 1, 5), ("b", 2, 5)]
+    _round(worker, prompts, texts, rows)
+    assert worker.proposer.stats()["active_requests"] == 2
+    assert worker.das_attach("")["ok"]  # e.g. a client re-attaching between two generations
+    assert worker.proposer.stats()["active_requests"] == 0  # none orphaned in the drafter
+    # A request still running after the re-attach is picked up again, with its whole output so far.
+    drafts = _round(worker, prompts, texts, [("a", 1, 9)])
+    assert worker.proposer.stats()["active_requests"] == 1
+    assert drafts[0] == texts[1][9:9 + len(drafts[0])] and drafts[0]

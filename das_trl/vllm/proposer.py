@@ -90,12 +90,16 @@ class DASProposer:
         """
         if not hasattr(model_runner, "input_batch"):
             raise TypeError(f"{type(model_runner).__name__} has no input_batch: not a vLLM V1 model runner")
+        if drafter_config is not None and drafter_config.max_spec_tokens > self.num_speculative_tokens:
+            raise ValueError(
+                f"max_spec_tokens={drafter_config.max_spec_tokens} exceeds the engine's num_speculative_tokens="
+                f"{self.num_speculative_tokens}"
+            )
+        # Retire the requests tracked so far: clearing the bookkeeping alone left them active in the drafter forever
+        # (a re-attach between two generations orphaned the last batch's requests).
+        for req_id in list(self._known_output):
+            self._finish(req_id)
         if drafter_config is not None:
-            if drafter_config.max_spec_tokens > self.num_speculative_tokens:
-                raise ValueError(
-                    f"max_spec_tokens={drafter_config.max_spec_tokens} exceeds the engine's num_speculative_tokens="
-                    f"{self.num_speculative_tokens}"
-                )
             if drafter_config != self.drafter.config:
                 state = self.drafter.state_dict()
                 self.drafter = DASDrafter(drafter_config)
@@ -105,8 +109,6 @@ class DASProposer:
             self.policy = LengthPolicy(LengthPolicyConfig(**{**policy_config.to_dict(), "max_budget": capped}))
             self._observe_history()
         self._runner = model_runner
-        self._known_output.clear()
-        self._last_draft_len.clear()
 
     def _observe_history(self) -> None:
         """Feed every problem's windowed completion lengths to the length policy (after a rebuild or a load)."""
