@@ -182,11 +182,14 @@ class HTTPDASEngine(DASEngine):
             )
         if response.status_code != 200:
             text = response.text[:500]
-            # vLLM words it "'CPUWorker' object has no attribute 'das_attach'" (no exception class name in the body).
-            if "das_" in text and ("has no attribute" in text or "AttributeError" in text):
+            # vLLM 0.32 words a missing worker method either "'CPUWorker' object has no attribute 'das_attach'" or
+            # "Method 'das_attach' is not implemented." (seen in CI), without an exception class name.
+            missing = ("has no attribute", "AttributeError", "is not implemented")
+            if "das_" in text and any(m in text for m in missing):
                 raise DASEngineError(
                     f"{self.name} is not a DAS engine: its workers have no DAS methods. Start it with `das-trl "
-                    f"serve` (--worker-extension-cls {__package__}.worker_extension.DASWorkerExtension)."
+                    f"serve` (--worker-extension-cls {__package__}.worker_extension.DASWorkerExtension). "
+                    f"Server said: {text[:200]}"
                 )
             raise DASEngineError(f"{self.name}: {path} failed with HTTP {response.status_code}: {text}")
         return response.json() if response.content else None
