@@ -86,3 +86,20 @@ def test_reattach_retires_tracked_requests_and_running_ones_resume(rng):
     drafts = _round(worker, prompts, texts, [("a", 1, 9)])
     assert worker.proposer.stats()["active_requests"] == 1
     assert drafts[0] == texts[1][9:9 + len(drafts[0])] and drafts[0]
+
+
+def test_verification_outcomes_reach_the_drafters_calibrator(rng):
+    """The proposer reports how many of each request's draft tokens were accepted (sampled tokens - 1) to the
+    drafter, which learns its acceptance calibration from them."""
+    worker, prompts, texts = _setup(rng)
+    drafter = worker.proposer.drafter
+    first = _round(worker, prompts, texts, [("a", 0, 5)])[0]  # first sight: started, extended, drafted
+    draft = _round(worker, prompts, texts, [("a", 0, 6)])[0]  # one sampled token: the first draft got 0 accepted
+    assert len(first) == len(draft) == K
+    # Verification accepted 3 of the K draft tokens: the row gets those 3 plus one sampled token.
+    runner = worker.model_runner
+    runner.set_rows([("a", prompts[0], texts[0][:10])])
+    runner.step([texts[0][6:10]])
+    s = drafter.stats()
+    assert s["verified_drafts"] == 2 and s["accepted_tokens"] == 0 + 3
+    assert drafter._calibrator.observed_tokens == 2 * K

@@ -10,7 +10,8 @@ own, or the :class:`~das_trl.drafter.policy.LengthPolicy`), the draft is accepte
 recorded completion, and the request emits accepted + 1 tokens (never past its recorded end). Running siblings see
 each other's outputs as of the previous step (DASDrafter's sibling visibility; arctic's active responses). A step
 costs ``t_fwd = c_base + c_tok * tokens_in_pass`` (ms; tokens = running requests + their draft tokens); the batch
-drains as requests finish.
+drains as requests finish. Warm-up (default; ``--no-warmup`` turns it off): each drafter first serves the last
+history epoch the same way, which then becomes history, as in a live run; only the replayed epoch is measured.
 
 Drafters: ``none``; ``ngram`` (vLLM's prompt lookup: longest suffix n-gram in [min, max] of prompt + output,
 earliest occurrence, k tokens after it); ``suffix`` (vLLM 0.32's ``suffix`` method as shipped: arctic-inference
@@ -63,7 +64,10 @@ class Drafter:
     name = "base"
 
     def prepare(self, train_epochs: Sequence[list[RolloutRecord]]) -> None:
-        pass
+        """Load history epochs the drafter did not serve (oldest first)."""
+
+    def end_step(self, records: list[RolloutRecord]) -> None:
+        """The batch this drafter just served ends: its rollouts become history (as the trainer's push does)."""
 
     def start(self, rid: str, rec: RolloutRecord) -> None:
         pass
@@ -80,7 +84,8 @@ class Drafter:
     def propose(self, rid: str, context: np.ndarray, budget: int) -> list[int]:
         return []
 
-    def feedback(self, drafted: int, accepted: int) -> None:
+    def feedback(self, rid: str, drafted: int, accepted: int) -> None:
+        """Verification outcome of ``rid``'s draft this round: ``accepted`` of ``drafted`` tokens."""
         pass
 
 
@@ -138,6 +143,9 @@ class SuffixDrafter(Drafter):
                     self.cache.add_active_response(rid, r.completion_ids)
                 self.cache.stop_request(rid)
 
+    def end_step(self, records):
+        pass  # served responses entered the global cache when their requests stopped (as in vLLM)
+
     def start(self, rid, rec):
         self.cache.start_request(rid, np.asarray(rec.prompt_ids, dtype=np.int32))
 
@@ -169,15 +177,17 @@ class DASReplayDrafter(Drafter):
 
     def prepare(self, train_epochs):
         for recs in train_epochs:
-            self.d.add_rollouts([r.prompt_ids for r in recs], [r.completion_ids for r in recs],
-                                problem_keys=[r.problem_key for r in recs])
-            if self.policy is not None:
-                lens: dict[int, list[int]] = defaultdict(list)
-                for r in recs:
-                    lens[r.problem_key].append(len(r.completion_ids))
-                for key, ls in lens.items():
-                    self.policy.observe(key, ls)
+            self.end_step(recs)
+
+    def end_step(self, records):
+        self.d.add_rollouts([r.prompt_ids for r in records], [r.completion_ids for r in records],
+                            problem_keys=[r.problem_key for r in records])
         if self.policy is not None:
+            lens: dict[int, list[int]] = defaultdict(list)
+            for r in records:
+                lens[r.problem_key].append(len(r.completion_ids))
+            for key, ls in lens.items():
+                self.policy.observe(key, ls)
             self.policy.new_step()
 
     def start(self, rid, rec):
@@ -197,7 +207,9 @@ class DASReplayDrafter(Drafter):
     def propose(self, rid, context, budget):
         return self.d.propose(rid, context, budget)
 
-    def feedback(self, drafted, accepted):
+    def feedback(self, rid, drafted, accepted):
+        if drafted:
+            self.d.record_acceptance(rid, accepted)
         if self.policy is not None:
             self.policy.record_acceptance(drafted, accepted)
 
@@ -271,11 +283,28 @@ class ReplayResult:
 
 
 def simulate(drafter: Drafter, train_epochs: Sequence[list[RolloutRecord]], eval_records: list[RolloutRecord],
-             c_base: float = 7.0, c_tok: float = 0.025) -> ReplayResult:
-    """Replay ``eval_records`` as one continuous batch after feeding ``train_epochs`` to ``drafter``."""
-    drafter.prepare(train_epochs)
+             c_base: float = 7.0, c_tok: float = 0.025, warmup: bool = True) -> ReplayResult:
+    """Replay ``eval_records`` as one continuous batch after feeding ``train_epochs`` to ``drafter``.
+
+    With ``warmup`` (and at least 2 history epochs) the drafter first serves the last history epoch, replayed the
+    same way from the epochs before it, and that epoch then enters its history through :meth:`Drafter.end_step`,
+    as in a live run, where the engine drafted the previous step's rollouts before they were pushed. What a drafter
+    learns from verification (DAS's acceptance calibration and the length policy's acceptance rate) is then as of
+    the replayed epoch's start, not empty. Only the eval epoch is measured.
+    """
+    if warmup and len(train_epochs) >= 2:
+        drafter.prepare(train_epochs[:-1])
+        _replay_batch(drafter, train_epochs[-1], "warmup", c_base, c_tok)
+        drafter.end_step(train_epochs[-1])
+    else:
+        drafter.prepare(train_epochs)
+    return _replay_batch(drafter, eval_records, "eval", c_base, c_tok)
+
+
+def _replay_batch(drafter: Drafter, eval_records: list[RolloutRecord], prefix: str, c_base: float,
+                  c_tok: float) -> ReplayResult:
     n = len(eval_records)
-    rids = [f"eval-{i}" for i in range(n)]
+    rids = [f"{prefix}-{i}" for i in range(n)]
     comps = [np.asarray(r.completion_ids, dtype=np.int64) for r in eval_records]
     ctx = [list(r.prompt_ids) for r in eval_records]
     pos = [0] * n
@@ -312,7 +341,7 @@ def simulate(drafter: Drafter, train_epochs: Sequence[list[RolloutRecord]], eval
             step_tokens += 1 + len(d)
             drafted_total += len(d)
             accepted_total += acc
-            drafter.feedback(len(d), acc)
+            drafter.feedback(rids[i], len(d), acc)
             tokens += len(emit)
             rounds += 1
             passes[i] += 1
@@ -479,6 +508,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--policy", default=None, help="JSON of LengthPolicyConfig overrides, e.g. '{\"short_budget\": 0}'")
     p.add_argument("--das-config", default=None,
                    help="JSON of DrafterConfig overrides for every DAS variant, e.g. '{\"max_spec_factor\": 1.0}'")
+    p.add_argument("--no-warmup", action="store_true",
+                   help="load every history epoch directly, without first serving the last one (drafters then start "
+                        "the replayed epoch with nothing learned from verification)")
     p.add_argument("--json", default=None, help="write results to this JSON file")
     p.add_argument("--plots", default=None, help="write PNG plots into this directory")
     return p.parse_args(argv)
@@ -498,7 +530,8 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{sum(len(r.completion_ids) for r in evals)} tokens); cost model {args.c_base} ms + {args.c_tok} ms/token")
     results = []
     for name in names:
-        res = simulate(make_drafter(name, ngram, pc, das_ov), train, evals, args.c_base, args.c_tok)
+        res = simulate(make_drafter(name, ngram, pc, das_ov), train, evals, args.c_base, args.c_tok,
+                       warmup=not args.no_warmup)
         results.append(res)
     print(format_table(results))
     print("tokens/round by length tier (eval requests ranked by their own length):")
@@ -509,7 +542,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         payload = {"rollouts": str(args.rollouts), "train_epochs": tr, "eval_epoch": ev,
                    "c_base_ms": args.c_base, "c_tok_ms": args.c_tok, "ngram": list(ngram),
-                   "policy": pc.to_dict(), "das_config_overrides": das_ov, "suffix": SUFFIX_DEFAULTS,
+                   "warmup": not args.no_warmup, "policy": pc.to_dict(), "das_config_overrides": das_ov, "suffix": SUFFIX_DEFAULTS,
                    "results": [dict(r.summary(), tiers=tier_tokens_per_round(r)) for r in results]}
         Path(args.json).write_text(json.dumps(payload, indent=2, default=float))
         print(f"wrote {args.json}")

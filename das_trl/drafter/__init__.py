@@ -10,22 +10,27 @@ Data flow::
                              token budget, oldest-first eviction)
         -> HistoryIndex     (suffix_index.py: per-problem tree + global tree,
                              support.py: how many sequences contain each n-gram)
-    engine, per request: start_request -> [extend_request -> propose]* -> stop_request
+    engine, per request: start_request -> [extend_request -> record_acceptance -> propose]* -> stop_request
         -> LivePool         (live.py: local tree of prompt + own output; sibling tree
                              of the problem's running/finished outputs)
         -> arbitration.py   (evidence-weighted choice among problem / siblings /
-                             local / global candidates; not arctic's raw score)
+                             local / batch / global candidates; not arctic's raw score)
+        -> calibration.py   (the estimates corrected by the acceptance observed in
+                             verification, per source, match length and estimate)
 
 Problem identity: :func:`problem_key` (blake2b of the prompt ids), or an explicit key.
 """
 
-from .arbitration import Candidate, choose, confidence
+from .arbitration import SOURCE_ORDER, Candidate, choose, confidence
+from .calibration import AcceptanceCalibrator
 from .config import DrafterConfig
 from .drafter import DASDrafter
 from .history import Appearance, RolloutHistory
 from .problem_key import problem_key
 
 __all__ = [
+    "SOURCE_ORDER",
+    "AcceptanceCalibrator",
     "Appearance",
     "Candidate",
     "DASDrafter",

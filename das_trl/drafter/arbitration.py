@@ -30,6 +30,10 @@ source in ``SOURCE_ORDER`` (most specific first).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .calibration import AcceptanceCalibrator
 
 SOURCE_ORDER = ("problem", "siblings", "local", "batch", "global")
 
@@ -44,7 +48,10 @@ class Candidate:
         probs: arctic's cumulative probability of each draft token (list of float).
         match_len: number of context tokens matched (int).
         support: sequences of this source supporting the first draft token (int >= 0).
-        accept: evidence-adjusted probabilities a_i (filled by :func:`evaluate`).
+        accept: estimated acceptance probabilities a_i (filled by :func:`evaluate`; calibrated when a calibrator
+            is given).
+        prior: the evidence model's a_i before calibration (filled by :func:`evaluate`; what the calibrator learns
+            from once the draft is verified).
     """
 
     source: str
@@ -53,6 +60,7 @@ class Candidate:
     match_len: int
     support: int
     accept: list[float] = field(default_factory=list)
+    prior: list[float] = field(default_factory=list)
 
     @property
     def raw_score(self) -> float:
@@ -79,37 +87,41 @@ def confidence(support: float, match_len: int, kappa: float, mu: float) -> float
 
 
 def evaluate(cand: Candidate, kappa: float, mu: float, min_token_prob: float,
-             truncate_by_evidence: bool = True) -> Candidate:
-    """Fill ``cand.accept`` and truncate the draft at the first a_i < ``min_token_prob`` (or, with
-    ``truncate_by_evidence=False``, at the first raw tree probability p_i < ``min_token_prob``, arctic's rule; the
-    evidence then only ranks candidates).
+             truncate_by_evidence: bool = True, calibrator: "AcceptanceCalibrator | None" = None) -> Candidate:
+    """Fill ``cand.prior`` (a_i of the evidence model) and ``cand.accept`` (the a_i, calibrated by ``calibrator``
+    from verification outcomes when given, ``calibration.py``), and truncate the draft at the first accept
+    a_i < ``min_token_prob`` (or, with ``truncate_by_evidence=False``, at the first raw tree probability
+    p_i < ``min_token_prob``, arctic's rule; the estimates then only rank candidates).
 
     Returns the same (mutated) candidate.
     """
     conf = confidence(cand.support, cand.match_len, kappa, mu)
-    accept: list[float] = []
-    for p in cand.probs:
-        a = p * conf
+    prior = [p * conf for p in cand.probs]
+    accept = calibrator.calibrate(cand.source, cand.match_len, prior) if calibrator is not None and prior else prior
+    n = 0
+    for p, a in zip(cand.probs, accept):
         if (a if truncate_by_evidence else p) < min_token_prob or a <= 0.0:
             break
-        accept.append(a)
-    cand.accept = accept
-    del cand.token_ids[len(accept):]
-    del cand.probs[len(accept):]
+        n += 1
+    cand.prior = prior[:n]
+    cand.accept = accept[:n]
+    del cand.token_ids[n:]
+    del cand.probs[n:]
     return cand
 
 
-def choose(cands: list[Candidate], kappa: float, mu: float,
-           min_token_prob: float, truncate_by_evidence: bool = True) -> Candidate | None:
-    """Evaluate candidates and return the best non-empty one, or ``None``.
+def choose(cands: list[Candidate], kappa: float, mu: float, min_token_prob: float,
+           truncate_by_evidence: bool = True, calibrator: "AcceptanceCalibrator | None" = None) -> Candidate | None:
+    """Evaluate candidates and return the best non-empty one (largest sum of a_i), or ``None``.
 
     Args:
         cands: candidates in ``SOURCE_ORDER`` order (ties keep the earliest).
         kappa, mu, min_token_prob, truncate_by_evidence: see ``DrafterConfig``.
+        calibrator: optional :class:`~das_trl.drafter.calibration.AcceptanceCalibrator`.
     """
     best: Candidate | None = None
     for cand in cands:
-        evaluate(cand, kappa, mu, min_token_prob, truncate_by_evidence)
+        evaluate(cand, kappa, mu, min_token_prob, truncate_by_evidence, calibrator)
         if cand.accept and (best is None or cand.score > best.score):
             best = cand
     return best

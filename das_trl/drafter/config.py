@@ -29,8 +29,10 @@ class DrafterConfig:
         max_spec_tokens: hard cap of draft tokens per request per round.
         max_spec_factor: draft length <= factor * match length + offset (as arctic).
         max_spec_offset: see ``max_spec_factor``.
-        min_token_prob: a chain draft stops at the first token whose estimated
-            (evidence-adjusted) probability is below this.
+        min_token_prob: a chain draft stops at the first token whose estimated acceptance
+            probability (evidence-adjusted, calibrated) is below this; arctic also drops
+            tree continuations whose raw probability is below it. Defaults (factor 1.0,
+            0.05) chosen by replay with calibration on (docs/benchmarks.md).
         min_match_len: candidates matching fewer context tokens are discarded.
 
     Sources (each can be switched off):
@@ -63,6 +65,13 @@ class DrafterConfig:
             (False, arctic's rule; the evidence then only picks the source).
         support_table_bits: log2 of the counter-table width used to count support in
             history (2 rows of int32: 8 * 2**bits bytes; 23 -> 64 MiB).
+
+    Calibration from verification outcomes (``calibration.py``):
+        calibrate_acceptance: scale each a_i by the observed/predicted acceptance ratio of its
+            (source, a_i bin) cell, learned from the verified drafts the engine reports through
+            ``DASDrafter.record_acceptance``. Without reports nothing changes.
+        calibration_pseudocount: s, pseudo-observations at ratio 1 per cell (larger: slower to
+            move away from the evidence model).
     """
 
     window: int = 16
@@ -71,9 +80,9 @@ class DrafterConfig:
     prompt_tail_tokens: int = 32
     max_tree_depth: int = 32
     max_spec_tokens: int = 16
-    max_spec_factor: float = 2.0
+    max_spec_factor: float = 1.0
     max_spec_offset: float = 0.0
-    min_token_prob: float = 0.1
+    min_token_prob: float = 0.05
     min_match_len: int = 1
     use_problem_tree: bool = True
     use_global_tree: bool = True
@@ -87,6 +96,8 @@ class DrafterConfig:
     match_len_pseudocount: float = 1.0
     support_table_bits: int = 23
     truncate_by_evidence: bool = True
+    calibrate_acceptance: bool = True
+    calibration_pseudocount: float = 8.0
 
     def __post_init__(self) -> None:
         def need(ok: bool, msg: str) -> None:
@@ -114,6 +125,8 @@ class DrafterConfig:
              f"evidence_pseudocount must be > 0, got {self.evidence_pseudocount}")
         need(self.match_len_pseudocount >= 0,
              f"match_len_pseudocount must be >= 0, got {self.match_len_pseudocount}")
+        need(self.calibration_pseudocount > 0,
+             f"calibration_pseudocount must be > 0, got {self.calibration_pseudocount}")
         need(isinstance(self.support_table_bits, int) and 10 <= self.support_table_bits <= 30,
              f"support_table_bits must be an int in [10, 30], got {self.support_table_bits!r}")
 

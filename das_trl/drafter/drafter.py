@@ -20,6 +20,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from .arbitration import SOURCE_ORDER, choose
+from .calibration import AcceptanceCalibrator
 from .config import DrafterConfig
 from .history import RolloutHistory
 from .live import LivePool
@@ -93,6 +94,12 @@ class DASDrafter:
         self._draft_tokens = 0
         self._requests = 0
         self._wins: Counter[str] = Counter({s: 0 for s in SOURCE_ORDER})
+        self._calibrator = (AcceptanceCalibrator(SOURCE_ORDER, pseudocount=self.config.calibration_pseudocount)
+                            if self.config.calibrate_acceptance else None)
+        # request -> (source, match length, prior a_i) of its last draft, until verification is reported
+        self._unverified: dict[str, tuple[str, int, list[float]]] = {}
+        self._verified_drafts = 0
+        self._accepted_tokens = 0
 
     # ------------------------------------------------------------------ history
     def add_rollouts(self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
@@ -248,6 +255,7 @@ class DASDrafter:
         key = _problem_key(prompt) if problem_key is None else int(problem_key)
         with self._engine_lock():
             self._live.start(request_id, prompt, key)
+            self._unverified.pop(request_id, None)
             self._requests += 1
 
     def extend_request(self, request_id: str, new_token_ids: Sequence[int] | np.ndarray) -> None:
@@ -272,6 +280,7 @@ class DASDrafter:
             if request_id not in self._live:
                 raise KeyError(f"request {request_id!r} is not active")
             self._live.stop(request_id)
+            self._unverified.pop(request_id, None)
 
     def problem_of(self, request_id: str) -> int:
         """Problem key of an active request. Raises ``KeyError`` if it is not active."""
@@ -318,6 +327,7 @@ class DASDrafter:
         with self._engine_lock():
             if request_id not in self._live:
                 raise KeyError(f"request {request_id!r} is not active (call start_request first)")
+            self._unverified.pop(request_id, None)  # a draft that was never reported verified teaches nothing
             k = min(int(max_tokens), cfg.max_spec_tokens)
             if k <= 0:
                 return []
@@ -327,19 +337,45 @@ class DASDrafter:
             order = {s: i for i, s in enumerate(SOURCE_ORDER)}
             cands.sort(key=lambda c: order[c.source])
             best = choose(cands, cfg.evidence_pseudocount, cfg.match_len_pseudocount,
-                          cfg.min_token_prob, cfg.truncate_by_evidence)
+                          cfg.min_token_prob, cfg.truncate_by_evidence, self._calibrator)
             if best is None:
                 return []
+            self._unverified[request_id] = (best.source, best.match_len, best.prior)
             self._drafts += 1
             self._draft_tokens += len(best.token_ids)
             self._wins[best.source] += 1
             return best.token_ids
 
+    def record_acceptance(self, request_id: str, num_accepted: int) -> None:
+        """Report how many tokens of the request's last draft verification accepted (a prefix of the draft).
+
+        Feeds the acceptance calibrator (``calibration.py``; a no-op with ``calibrate_acceptance=False``). Call it
+        once per verified draft, before the next :meth:`propose` for the request; a report without a draft
+        outstanding (none proposed, already reported, request restarted) is ignored, so callers may report every
+        round. ``num_accepted`` is clipped to ``[0, len(draft)]``.
+        """
+        with self._engine_lock():
+            pending = self._unverified.pop(request_id, None)
+            if pending is None:
+                return
+            source, match_len, prior = pending
+            self._verified_drafts += 1
+            self._accepted_tokens += min(max(int(num_accepted), 0), len(prior))
+            if self._calibrator is not None:
+                self._calibrator.observe(source, match_len, prior, num_accepted)
+
+    def calibration(self) -> dict[str, list[list[float]]]:
+        """The calibrator's observed/predicted ratios, source -> [match-length bucket][prior bin] (buckets 1, 2,
+        3-4, 5-8, 9+ tokens; bins 0.0-0.1, ..., 0.9-1.0); ``{}`` when calibration is off."""
+        with self._engine_lock():
+            return self._calibrator.table() if self._calibrator is not None else {}
+
     # ------------------------------------------------------------------ bookkeeping
     def stats(self) -> dict:
         """History stats plus ``proposals`` (propose calls with a budget), ``drafts``
         (non-empty drafts), ``draft_tokens``, ``requests`` (started), ``wins`` (dict
-        source -> winning drafts), live/index sizes, and the background updater's
+        source -> winning drafts), ``verified_drafts`` / ``accepted_tokens`` (reported by
+        :meth:`record_acceptance`), live/index sizes, and the background updater's
         ``pending_updates``, ``update_errors`` and ``update_seconds`` (time spent
         applying background updates, lock pauses included)."""
         with self._engine_lock():
@@ -348,7 +384,8 @@ class DASDrafter:
             out.update(self._live.stats())
             out.update(proposals=self._proposals, drafts=self._drafts,
                        draft_tokens=self._draft_tokens, requests=self._requests,
-                       wins=dict(self._wins), pending_updates=self._pending,
+                       wins=dict(self._wins), verified_drafts=self._verified_drafts,
+                       accepted_tokens=self._accepted_tokens, pending_updates=self._pending,
                        update_errors=self._update_errors, update_seconds=self._update_seconds)
             return out
 

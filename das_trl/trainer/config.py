@@ -49,13 +49,20 @@ class DASGRPOConfig(GRPOConfig):
                           "to the engine host."},
     )
     das_max_spec_factor: float = field(
-        default=2.0,
+        default=1.0,
         metadata={"help": "A draft is at most this factor times the length of the matched suffix (arctic's "
                           "max_spec_factor): short matches give short drafts."},
     )
     das_min_token_prob: float = field(
-        default=0.1,
-        metadata={"help": "Stop a draft at the first token whose estimated probability falls below this."},
+        default=0.05,
+        metadata={"help": "Stop a draft at the first token whose estimated acceptance probability (evidence-"
+                          "weighted, calibrated by verification outcomes) falls below this."},
+    )
+    das_calibrate_acceptance: bool = field(
+        default=True,
+        metadata={"help": "Learn, from every verified draft, how often each source's drafts are really accepted "
+                          "(per source, match length and estimate) and correct the drafter's estimates with it: "
+                          "fewer wasted verification tokens, longer drafts where they pay (docs/benchmarks.md)."},
     )
     das_length_policy: dict | str | None = field(
         default=None,
@@ -129,6 +136,8 @@ def validate_das_settings(settings: dict[str, Any]) -> None:
         raise ValueError(f"das_max_spec_factor must be > 0, got {settings['max_spec_factor']}")
     if not 0.0 <= settings["min_token_prob"] <= 1.0:
         raise ValueError(f"das_min_token_prob must be in [0, 1], got {settings['min_token_prob']}")
+    if not isinstance(settings["calibrate_acceptance"], bool):
+        raise ValueError(f"das_calibrate_acceptance must be true or false, got {settings['calibrate_acceptance']!r}")
     if isinstance(settings["vllm_kwargs"], str):
         try:
             settings["vllm_kwargs"] = json.loads(settings["vllm_kwargs"])
@@ -161,5 +170,6 @@ def drafter_config_fields(settings: dict[str, Any]) -> dict[str, Any]:
         "max_spec_tokens": settings["num_speculative_tokens"],
         "max_spec_factor": settings["max_spec_factor"],
         "min_token_prob": settings["min_token_prob"],
+        "calibrate_acceptance": settings["calibrate_acceptance"],
         "length_policy": settings.get("length_policy") or {},
     }

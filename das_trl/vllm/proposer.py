@@ -233,6 +233,7 @@ class DASProposer:
                 self._counters["verified_drafts"] += 1
                 self._counters["accepted_tokens"] += accepted
                 self.policy.record_acceptance(last, accepted)
+                self.drafter.record_acceptance(req_id, accepted)  # calibrates the drafter's acceptance estimates
         if num_output > known:
             self.drafter.extend_request(req_id, token_ids_cpu[row, num_prompt + known : num_tokens].tolist())
         self._known_output[req_id] = num_output

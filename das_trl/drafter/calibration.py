@@ -1,0 +1,108 @@
+"""Online calibration of estimated acceptance probabilities from verification outcomes.
+
+Why. The evidence model of ``arbitration.py`` (a_i = p_i * n/(n+kappa) * m/(m+mu)) is a prior: how often a draft
+token is really accepted depends on the sampling temperature, on how far the policy has drifted from the history, and
+on the source (a per-problem tree built from 8 samples is right more often than its count ratio says; a global tree
+drafting into a T = 1.0 rollout much less often). The engine verifies every draft, so the drafter learns this: DAS is
+distribution-aware, and the acceptance it observes on the run's own rollouts is the most direct measurement of the
+current distribution there is.
+
+How. Cells are (source, match-length bucket, bin of the prior a_i). Each verified draft token i adds its prior a_i to its cell's
+``expected`` mass and 1 to ``hits`` when it was accepted (a chain draft is accepted up to its first mismatch, so
+token i is accepted iff ``i < num_accepted``; a_i is the probability of that event, as arctic's probabilities are
+cumulative). The calibrated estimate is a_i * (hits + s) / (expected + s): the observed/predicted ratio, shrunk to 1
+by ``s`` pseudo-observations so that an empty cell keeps the prior. Counts decay by half when a cell's mass passes
+``cap``, so the ratio follows a drifting policy.
+
+Exploration. A cell whose ratio drops far enough is never drafted from again, so it cannot recover; this errs on the
+side of fewer verification tokens, which is what the ratio measured.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+
+# Upper edges of the match-length buckets (context tokens matched): 1, 2, 3-4, 5-8, 9+.
+MATCH_BUCKETS = (1, 2, 4, 8)
+
+
+def match_bucket(match_len: int) -> int:
+    """Bucket index of a match length (0 .. len(MATCH_BUCKETS))."""
+    for i, edge in enumerate(MATCH_BUCKETS):
+        if match_len <= edge:
+            return i
+    return len(MATCH_BUCKETS)
+
+
+class AcceptanceCalibrator:
+    """Per-(source, match-length bucket, prior-probability bin) ratio of observed to predicted accepted draft tokens.
+
+    Args:
+        sources: source names (``arbitration.SOURCE_ORDER``); unknown names are rejected with ``KeyError``.
+        bins: equal-width bins of the prior a in [0, 1] (int >= 1).
+        pseudocount: s, pseudo-observations at ratio 1 (float > 0).
+        cap: a cell's expected mass at which its counts are halved (float > pseudocount).
+
+    Not thread-safe (the drafter locks).
+    """
+
+    def __init__(self, sources: Sequence[str], bins: int = 10, pseudocount: float = 8.0, cap: float = 2000.0) -> None:
+        if bins < 1 or pseudocount <= 0 or cap <= pseudocount:
+            raise ValueError(f"AcceptanceCalibrator: need bins >= 1, pseudocount > 0, cap > pseudocount; "
+                             f"got {bins}, {pseudocount}, {cap}")
+        self._index = {s: i for i, s in enumerate(sources)}
+        self.bins = int(bins)
+        self.pseudocount = float(pseudocount)
+        self.cap = float(cap)
+        shape = (len(self._index) * (len(MATCH_BUCKETS) + 1), self.bins)
+        self.expected = np.zeros(shape)
+        self.hits = np.zeros(shape)
+        self.observed_tokens = 0
+
+    def _bin(self, a: float) -> int:
+        return min(self.bins - 1, max(0, int(a * self.bins)))
+
+    def _row(self, source: str, match_len: int) -> int:
+        return self._index[source] * (len(MATCH_BUCKETS) + 1) + match_bucket(match_len)
+
+    def ratio(self, source: str, match_len: int, a: float) -> float:
+        """Observed / predicted acceptance of the cell holding prior ``a`` (1.0 with no observations)."""
+        s, b = self._row(source, match_len), self._bin(a)
+        return (self.hits[s, b] + self.pseudocount) / (self.expected[s, b] + self.pseudocount)
+
+    def calibrate(self, source: str, match_len: int, prior: Sequence[float]) -> list[float]:
+        """Calibrated acceptance estimates for one draft: ``min(1, a_i * ratio)``, made non-increasing along the
+        draft (token i+1 can only be accepted if token i is). ``prior``: the a_i, chain order; ``match_len``: context
+        tokens the draft's tree matched."""
+        s = self._row(source, match_len)
+        out, last = [], 1.0
+        for a in prior:
+            b = min(self.bins - 1, max(0, int(a * self.bins)))
+            c = a * (self.hits[s, b] + self.pseudocount) / (self.expected[s, b] + self.pseudocount)
+            last = min(last, c, 1.0)
+            out.append(last)
+        return out
+
+    def observe(self, source: str, match_len: int, prior: Sequence[float], num_accepted: int) -> None:
+        """Record one verified draft: ``prior`` are the a_i of the tokens drafted, the first ``num_accepted`` of
+        them were accepted (clipped to ``[0, len(prior)]``)."""
+        s = self._row(source, match_len)
+        n_acc = min(max(int(num_accepted), 0), len(prior))
+        for i, a in enumerate(prior):
+            b = self._bin(a)
+            self.expected[s, b] += a
+            self.hits[s, b] += i < n_acc
+            if self.expected[s, b] > self.cap:
+                self.expected[s, b] *= 0.5
+                self.hits[s, b] *= 0.5
+        self.observed_tokens += len(prior)
+
+    def table(self) -> dict[str, list[list[float]]]:
+        """Current ratios: source -> [match bucket][prior bin] (for logs and docs)."""
+        r = (self.hits + self.pseudocount) / (self.expected + self.pseudocount)
+        nb = len(MATCH_BUCKETS) + 1
+        return {name: [[round(float(x), 3) for x in r[i * nb + m]] for m in range(nb)]
+                for name, i in self._index.items()}
