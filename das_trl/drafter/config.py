@@ -25,7 +25,10 @@ class DrafterConfig:
             tail) can be drafted. Not counted in the token budget.
 
     Speculation (arctic-inference ``SuffixTree.speculate`` parameters):
-        max_tree_depth: suffix-tree depth; also the context tail used for matching.
+        max_tree_depth: suffix-tree depth. A tree path holds the matched context and the
+            draft together, so a draft after an m-token match is at most depth - m long.
+        match_context_tokens: the context tail matched against the trees (<= max_tree_depth).
+            arctic's ``speculate`` costs O(this).
         max_spec_tokens: hard cap of draft tokens per request per round.
         max_spec_factor: draft length <= factor * match length + offset (as arctic).
         max_spec_offset: see ``max_spec_factor``.
@@ -68,7 +71,7 @@ class DrafterConfig:
 
     Calibration from verification outcomes (``calibration.py``):
         calibrate_acceptance: scale each a_i by the observed/predicted acceptance ratio of its
-            (source, a_i bin) cell, learned from the verified drafts the engine reports through
+            (source, match-length bucket, a_i bin) cell, learned from the verified drafts the engine reports through
             ``DASDrafter.record_acceptance``. Without reports nothing changes.
         calibration_pseudocount: s, pseudo-observations at ratio 1 per cell (larger: slower to
             move away from the evidence model).
@@ -79,6 +82,7 @@ class DrafterConfig:
     recent_appearance_weight: int = 1
     prompt_tail_tokens: int = 32
     max_tree_depth: int = 32
+    match_context_tokens: int = 32
     max_spec_tokens: int = 16
     max_spec_factor: float = 1.0
     max_spec_offset: float = 0.0
@@ -104,7 +108,7 @@ class DrafterConfig:
             if not ok:
                 raise ValueError(f"DrafterConfig: {msg}")
 
-        for name in ("window", "history_token_budget", "max_tree_depth", "max_spec_tokens",
+        for name in ("window", "history_token_budget", "max_tree_depth", "match_context_tokens", "max_spec_tokens",
                      "min_match_len", "recent_appearance_weight"):
             value = getattr(self, name)
             need(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
@@ -119,6 +123,8 @@ class DrafterConfig:
              f"min_token_prob must be in [0, 1], got {self.min_token_prob}")
         need(isinstance(self.support_ngram, int) and self.support_ngram >= 2,
              f"support_ngram must be an int >= 2, got {self.support_ngram!r}")
+        need(self.match_context_tokens <= self.max_tree_depth,
+             f"match_context_tokens ({self.match_context_tokens}) must be <= max_tree_depth ({self.max_tree_depth})")
         need(self.support_ngram <= self.max_tree_depth,
              f"support_ngram ({self.support_ngram}) must be <= max_tree_depth ({self.max_tree_depth})")
         need(self.evidence_pseudocount > 0,

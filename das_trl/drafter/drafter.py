@@ -42,14 +42,19 @@ def _as_tokens(ids: Sequence[int] | np.ndarray, what: str) -> np.ndarray:
         arr = ids
     else:
         try:
-            seq = list(ids)
+            seq = ids if isinstance(ids, list) else list(ids)
         except TypeError:
             raise ValueError(f"{what} must be a sequence of ints, got {type(ids).__name__}") from None
         if not seq:
             return np.zeros(0, np.int32)
-        if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in seq):
+        # Check the distinct element types, not every element (a per-token isinstance cost ~1 us/token on pushes).
+        if not all(issubclass(t, (int, np.integer)) and not issubclass(t, (bool, np.bool_))
+                   for t in set(map(type, seq))):
             raise ValueError(f"{what} must contain only ints")
-        arr = np.asarray(seq)
+        try:
+            arr = np.asarray(seq)
+        except OverflowError:
+            raise ValueError(f"{what} token ids must lie in [0, 2**31)") from None
     if arr.ndim != 1:
         raise ValueError(f"{what} must be 1-D, got shape {arr.shape}")
     if arr.size == 0:
@@ -310,7 +315,7 @@ class DASDrafter:
         Args:
             request_id: an active request.
             context: the request's full context (prompt + output) or its tail; only the
-                last ``max_tree_depth`` tokens are used (int array or sequence of ints).
+                last ``match_context_tokens`` tokens are used (int array or sequence of ints).
             max_tokens: draft budget this round; the draft has at most
                 ``min(max_tokens, config.max_spec_tokens)`` tokens. ``<= 0`` -> ``[]``.
 
@@ -322,7 +327,7 @@ class DASDrafter:
             KeyError: unknown request.
         """
         cfg = self.config
-        tail = context[-cfg.max_tree_depth:]
+        tail = context[-cfg.match_context_tokens:]
         ctx = tail.tolist() if isinstance(tail, np.ndarray) else [int(t) for t in tail]
         with self._engine_lock():
             if request_id not in self._live:

