@@ -102,6 +102,8 @@ def test_greedy_identical_and_history_drafts_accepted(das_llm, reference):
     # Greedy decoding repeats the history exactly: most output tokens should come from accepted drafts.
     gained = counters["num_accepted_tokens"] - accepted_before
     assert gained >= 0.5 * sum(len(t) for t in ref_tokens), counters
+    # The proposer reported the verification outcomes back: the drafter's acceptance calibration learned from them.
+    assert engine.stats()["calibration_tokens"] > 0
 
     for got, ref in zip(logprobs + logprobs2, ref_logprobs + ref_logprobs):
         assert len(got) == len(ref)

@@ -380,7 +380,8 @@ class DASDrafter:
         """History stats plus ``proposals`` (propose calls with a budget), ``drafts``
         (non-empty drafts), ``draft_tokens``, ``requests`` (started), ``wins`` (dict
         source -> winning drafts), ``verified_drafts`` / ``accepted_tokens`` (reported by
-        :meth:`record_acceptance`), live/index sizes, and the background updater's
+        :meth:`record_acceptance`), ``calibration_tokens`` (verified draft tokens the calibrator
+        learned from), live/index sizes, and the background updater's
         ``pending_updates``, ``update_errors`` and ``update_seconds`` (time spent
         applying background updates, lock pauses included)."""
         with self._engine_lock():
@@ -390,7 +391,9 @@ class DASDrafter:
             out.update(proposals=self._proposals, drafts=self._drafts,
                        draft_tokens=self._draft_tokens, requests=self._requests,
                        wins=dict(self._wins), verified_drafts=self._verified_drafts,
-                       accepted_tokens=self._accepted_tokens, pending_updates=self._pending,
+                       accepted_tokens=self._accepted_tokens,
+                       calibration_tokens=self._calibrator.observed_tokens if self._calibrator else 0,
+                       pending_updates=self._pending,
                        update_errors=self._update_errors, update_seconds=self._update_seconds)
             return out
 

@@ -268,7 +268,8 @@ class DASProposer:
         ``tier_<...>_tokens`` (request-rounds and tokens emitted per round, by the request's length tier at that
         round), ``policy_mode``, ``num_speculative_tokens``, ``history_problems``,
         ``history_appearances``, ``history_sequences``, ``history_tokens``, ``history_bytes`` (approximate),
-        ``history_evicted_appearances``, ``active_requests`` and ``source_<name>`` (drafts won by each source).
+        ``history_evicted_appearances``, ``active_requests``, ``calibration_tokens`` (verified draft tokens the drafter's
+        acceptance calibration learned from) and ``source_<name>`` (drafts won by each source).
         """
         out: dict[str, Any] = {"attached": self.attached, "num_speculative_tokens": self.num_speculative_tokens,
                                "policy_mode": self.policy.config.mode}
@@ -284,6 +285,7 @@ class DASProposer:
             active_requests=d["active_requests"],
             history_pending_updates=d["pending_updates"],
             history_update_seconds=d["update_seconds"],
+            calibration_tokens=d["calibration_tokens"],
         )
         # Which source's candidate won each non-empty draft (per-problem history, running siblings, local, global).
         out.update({f"source_{name}": count for name, count in d["wins"].items()})
