@@ -103,3 +103,18 @@ def test_verification_outcomes_reach_the_drafters_calibrator(rng):
     s = drafter.stats()
     assert s["verified_drafts"] == 2 and s["accepted_tokens"] == 0 + 3
     assert drafter._calibrator.observed_tokens == 2 * K
+
+
+def test_draft_tokens_trimmed_by_the_scheduler_are_not_counted_as_rejected(rng):
+    """vLLM's scheduler may verify only part of a draft (token budget); the model runner's per-row
+    ``num_decode_draft_tokens`` says how much, and only those tokens reach the calibration."""
+    from types import SimpleNamespace
+
+    worker, prompts, texts = _setup(rng)
+    drafter = worker.proposer.drafter
+    first = _round(worker, prompts, texts, [("a", 0, 5)])[0]
+    assert len(first) == K
+    worker.model_runner.num_decode_draft_tokens = SimpleNamespace(np=np.array([3] + [-1] * 7, dtype=np.int32))
+    _round(worker, prompts, texts, [("a", 0, 6)])  # one sampled token: 0 of the 3 verified tokens accepted
+    assert drafter.stats()["calibration_tokens"] == 3
+    assert worker.proposer.stats()["accepted_tokens"] == 0

@@ -542,7 +542,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         payload = {"rollouts": str(args.rollouts), "train_epochs": tr, "eval_epoch": ev,
                    "c_base_ms": args.c_base, "c_tok_ms": args.c_tok, "ngram": list(ngram),
-                   "warmup": not args.no_warmup, "policy": pc.to_dict(), "das_config_overrides": das_ov, "suffix": SUFFIX_DEFAULTS,
+                   "warmup": not args.no_warmup and len(train) >= 2, "policy": pc.to_dict(),
+                   "das_config_overrides": das_ov, "suffix": SUFFIX_DEFAULTS,
                    "results": [dict(r.summary(), tiers=tier_tokens_per_round(r)) for r in results]}
         Path(args.json).write_text(json.dumps(payload, indent=2, default=float))
         print(f"wrote {args.json}")

@@ -7,15 +7,17 @@ drafting into a T = 1.0 rollout much less often). The engine verifies every draf
 distribution-aware, and the acceptance it observes on the run's own rollouts is the most direct measurement of the
 current distribution there is.
 
-How. Cells are (source, match-length bucket, bin of the prior a_i). Each verified draft token i adds its prior a_i to its cell's
-``expected`` mass and 1 to ``hits`` when it was accepted (a chain draft is accepted up to its first mismatch, so
-token i is accepted iff ``i < num_accepted``; a_i is the probability of that event, as arctic's probabilities are
-cumulative). The calibrated estimate is a_i * (hits + s) / (expected + s): the observed/predicted ratio, shrunk to 1
-by ``s`` pseudo-observations so that an empty cell keeps the prior. Counts decay by half when a cell's mass passes
-``cap``, so the ratio follows a drifting policy.
+How. Cells are (source, match-length bucket, bin of the prior a_i). Each verified draft token i adds its prior a_i to
+its cell's ``expected`` mass and 1 to ``hits`` when it was accepted (a chain draft is accepted up to its first
+mismatch, so token i is accepted iff ``i < num_accepted``; a_i is the probability of that event, as arctic's
+probabilities are cumulative). The calibrated estimate is a_i * (hits + s) / (expected + s): the observed/predicted
+ratio, shrunk to 1 by ``s`` pseudo-observations so that an empty cell keeps the prior.
 
-Exploration. A cell whose ratio drops far enough is never drafted from again, so it cannot recover; this errs on the
-side of fewer verification tokens, which is what the ratio measured.
+Forgetting. A cell whose estimate falls below the drafting threshold is no longer drafted from, so it gets no new
+observations. :meth:`AcceptanceCalibrator.new_step` (called by the drafter at every history push, i.e. once per GRPO
+step) multiplies all counts by ``step_decay``: such a cell drifts back towards the evidence model within a few steps
+and is tried again, and the correction follows a policy whose acceptance changes in either direction. Counts are
+also halved when a cell's mass passes ``cap`` within a step.
 """
 
 from __future__ import annotations
@@ -45,14 +47,17 @@ class AcceptanceCalibrator:
         bins: equal-width bins of the prior a in [0, 1] (int >= 1).
         pseudocount: s, pseudo-observations at ratio 1 (float > 0).
         cap: a cell's expected mass at which its counts are halved (float > pseudocount).
+        step_decay: factor applied to all counts by :meth:`new_step` (float in [0, 1]; 1 = never forget).
 
     Not thread-safe (the drafter locks).
     """
 
-    def __init__(self, sources: Sequence[str], bins: int = 10, pseudocount: float = 8.0, cap: float = 2000.0) -> None:
-        if bins < 1 or pseudocount <= 0 or cap <= pseudocount:
-            raise ValueError(f"AcceptanceCalibrator: need bins >= 1, pseudocount > 0, cap > pseudocount; "
-                             f"got {bins}, {pseudocount}, {cap}")
+    def __init__(self, sources: Sequence[str], bins: int = 10, pseudocount: float = 8.0, cap: float = 2000.0,
+                 step_decay: float = 0.5) -> None:
+        if bins < 1 or pseudocount <= 0 or cap <= pseudocount or not 0.0 <= step_decay <= 1.0:
+            raise ValueError(f"AcceptanceCalibrator: need bins >= 1, pseudocount > 0, cap > pseudocount, "
+                             f"0 <= step_decay <= 1; got {bins}, {pseudocount}, {cap}, {step_decay}")
+        self.step_decay = float(step_decay)
         self._index = {s: i for i, s in enumerate(sources)}
         self.bins = int(bins)
         self.pseudocount = float(pseudocount)
@@ -117,6 +122,15 @@ class AcceptanceCalibrator:
                 hits[b] *= 0.5
             ratios[b] = (hits[b] + pc) / (expected[b] + pc)
         self.observed_tokens += len(prior)
+
+    def new_step(self) -> None:
+        """Multiply every count by ``step_decay`` (call once per training step; see the module docstring)."""
+        d, pc = self.step_decay, self.pseudocount
+        for expected, hits, ratios in zip(self._expected, self._hits, self._ratios):
+            for b in range(self.bins):
+                expected[b] *= d
+                hits[b] *= d
+                ratios[b] = (hits[b] + pc) / (expected[b] + pc)
 
     def table(self) -> dict[str, list[list[float]]]:
         """Current ratios: source -> [match bucket][prior bin] (for logs and docs)."""

@@ -27,8 +27,8 @@ class DrafterConfig:
     Speculation (arctic-inference ``SuffixTree.speculate`` parameters):
         max_tree_depth: suffix-tree depth. A tree path holds the matched context and the
             draft together, so a draft after an m-token match is at most depth - m long.
-        match_context_tokens: the context tail matched against the trees (<= max_tree_depth).
-            arctic's ``speculate`` costs O(this).
+        match_context_tokens: the context tail matched against the trees (<= max_tree_depth;
+            ``None``: min(32, max_tree_depth)). arctic's ``speculate`` costs O(this).
         max_spec_tokens: hard cap of draft tokens per request per round.
         max_spec_factor: draft length <= factor * match length + offset (as arctic).
         max_spec_offset: see ``max_spec_factor``.
@@ -75,6 +75,9 @@ class DrafterConfig:
             ``DASDrafter.record_acceptance``. Without reports nothing changes.
         calibration_pseudocount: s, pseudo-observations at ratio 1 per cell (larger: slower to
             move away from the evidence model).
+        calibration_step_decay: the calibration counts are multiplied by this at every
+            ``add_rollouts`` (one GRPO step), so a source the drafter stopped drafting from
+            is tried again after a few steps and the correction follows the policy.
     """
 
     window: int = 16
@@ -82,7 +85,7 @@ class DrafterConfig:
     recent_appearance_weight: int = 1
     prompt_tail_tokens: int = 32
     max_tree_depth: int = 32
-    match_context_tokens: int = 32
+    match_context_tokens: int | None = None
     max_spec_tokens: int = 16
     max_spec_factor: float = 1.0
     max_spec_offset: float = 0.0
@@ -102,11 +105,15 @@ class DrafterConfig:
     truncate_by_evidence: bool = True
     calibrate_acceptance: bool = True
     calibration_pseudocount: float = 8.0
+    calibration_step_decay: float = 0.5
 
     def __post_init__(self) -> None:
         def need(ok: bool, msg: str) -> None:
             if not ok:
                 raise ValueError(f"DrafterConfig: {msg}")
+
+        if self.match_context_tokens is None and isinstance(self.max_tree_depth, int):
+            self.match_context_tokens = min(32, self.max_tree_depth)
 
         for name in ("window", "history_token_budget", "max_tree_depth", "match_context_tokens", "max_spec_tokens",
                      "min_match_len", "recent_appearance_weight"):
@@ -131,6 +138,8 @@ class DrafterConfig:
              f"evidence_pseudocount must be > 0, got {self.evidence_pseudocount}")
         need(self.match_len_pseudocount >= 0,
              f"match_len_pseudocount must be >= 0, got {self.match_len_pseudocount}")
+        need(0.0 <= self.calibration_step_decay <= 1.0,
+             f"calibration_step_decay must be in [0, 1], got {self.calibration_step_decay}")
         need(self.calibration_pseudocount > 0,
              f"calibration_pseudocount must be > 0, got {self.calibration_pseudocount}")
         need(isinstance(self.support_table_bits, int) and 10 <= self.support_table_bits <= 30,

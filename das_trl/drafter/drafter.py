@@ -99,7 +99,8 @@ class DASDrafter:
         self._draft_tokens = 0
         self._requests = 0
         self._wins: Counter[str] = Counter({s: 0 for s in SOURCE_ORDER})
-        self._calibrator = (AcceptanceCalibrator(SOURCE_ORDER, pseudocount=self.config.calibration_pseudocount)
+        self._calibrator = (AcceptanceCalibrator(SOURCE_ORDER, pseudocount=self.config.calibration_pseudocount,
+                                                 step_decay=self.config.calibration_step_decay)
                             if self.config.calibrate_acceptance else None)
         # request -> (source, match length, prior a_i) of its last draft, until verification is reported
         self._unverified: dict[str, tuple[str, int, list[float]]] = {}
@@ -169,6 +170,8 @@ class DASDrafter:
                                              if self.config.prompt_tail_tokens else prompt[:0])
                 new_ids.append(self._history.last_appearance_id)
                 self._live.release_finished(key)
+            if self._calibrator is not None and new_ids:
+                self._calibrator.new_step()  # one push = one training step: older acceptance evidence weighs less
             gone = {app_id for _, app_id in evicted}
             removals = [a for a in gone if a not in new_ids]
             inserts = [self._history.appearance(a) for a in new_ids if a not in gone]
@@ -351,22 +354,30 @@ class DASDrafter:
             self._wins[best.source] += 1
             return best.token_ids
 
-    def record_acceptance(self, request_id: str, num_accepted: int) -> None:
+    def record_acceptance(self, request_id: str, num_accepted: int, num_verified: int | None = None) -> None:
         """Report how many tokens of the request's last draft verification accepted (a prefix of the draft).
 
         Feeds the acceptance calibrator (``calibration.py``; a no-op with ``calibrate_acceptance=False``). Call it
         once per verified draft, before the next :meth:`propose` for the request; a report without a draft
         outstanding (none proposed, already reported, request restarted) is ignored, so callers may report every
-        round. ``num_accepted`` is clipped to ``[0, len(draft)]``.
+        round.
+
+        Args:
+            request_id: the request.
+            num_accepted: accepted draft tokens (clipped to ``[0, num_verified]``).
+            num_verified: how many of the draft's tokens verification saw (vLLM trims a draft to fit the step's
+                token budget; trimmed tokens were neither accepted nor rejected and teach nothing). ``None``: all.
         """
         with self._engine_lock():
             pending = self._unverified.pop(request_id, None)
             if pending is None:
                 return
             source, match_len, prior = pending
+            if num_verified is not None:
+                prior = prior[:max(0, int(num_verified))]
             self._verified_drafts += 1
             self._accepted_tokens += min(max(int(num_accepted), 0), len(prior))
-            if self._calibrator is not None:
+            if self._calibrator is not None and prior:
                 self._calibrator.observe(source, match_len, prior, num_accepted)
 
     def calibration(self) -> dict[str, list[list[float]]]:

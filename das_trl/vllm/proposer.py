@@ -229,14 +229,26 @@ class DASProposer:
             # Rows that drafted last round got (accepted + 1) tokens this round.
             last = self._last_draft_len.get(req_id, 0)
             if last > 0:
-                accepted = min(last, num_sampled - 1)
+                verified = self._verified_draft_len(row, last)
+                accepted = min(verified, num_sampled - 1)
                 self._counters["verified_drafts"] += 1
                 self._counters["accepted_tokens"] += accepted
-                self.policy.record_acceptance(last, accepted)
-                self.drafter.record_acceptance(req_id, accepted)  # calibrates the drafter's acceptance estimates
+                self.policy.record_acceptance(verified, accepted)
+                # Calibrates the drafter's acceptance estimates.
+                self.drafter.record_acceptance(req_id, accepted, num_verified=verified)
         if num_output > known:
             self.drafter.extend_request(req_id, token_ids_cpu[row, num_prompt + known : num_tokens].tolist())
         self._known_output[req_id] = num_output
+
+    def _verified_draft_len(self, row: int, proposed: int) -> int:
+        """How many of a row's proposed draft tokens this step verified. vLLM's scheduler trims a draft to the
+        step's token budget; the model runner records the scheduled draft length per row in
+        ``num_decode_draft_tokens`` (vLLM 0.32; -1 for prompt chunks). Without it, the whole draft counts."""
+        buf = getattr(self._runner, "num_decode_draft_tokens", None)
+        arr = getattr(buf, "np", None)
+        if arr is None or row >= len(arr) or int(arr[row]) < 0:
+            return proposed
+        return min(proposed, int(arr[row]))
 
     def _explicit_problem_key(self, req_id: str) -> int | None:
         """The problem id sent as ``SamplingParams.extra_args[PROBLEM_ID_KEY]``, if any (else the prompt is hashed)."""

@@ -101,3 +101,47 @@ def test_record_acceptance_without_a_draft_is_ignored():
     d.record_acceptance("a", 4)  # reported twice: the second is ignored
     s = d.stats()
     assert s["verified_drafts"] == 1 and s["accepted_tokens"] == 4
+
+
+def test_new_step_decays_counts_towards_the_prior():
+    cal = AcceptanceCalibrator(["s"], bins=1, pseudocount=1.0, step_decay=0.5)
+    for _ in range(40):
+        cal.observe("s", 1, [0.5], num_accepted=0)
+    low = cal.ratio("s", 1, 0.5)
+    cal.new_step()
+    assert cal.expected.sum() == pytest.approx(10.0) and cal.ratio("s", 1, 0.5) > low
+    with pytest.raises(ValueError):
+        AcceptanceCalibrator(["s"], step_decay=1.5)
+
+
+def test_a_source_shut_off_by_rejections_is_tried_again_after_a_few_steps():
+    """Rejections push the problem tree's estimate under the threshold, so it stops drafting and gets no new
+    observations; the per-push decay brings it back, and then it learns that its drafts are accepted again."""
+    d, prompt, completion = _drafter_with_history(min_token_prob=0.2)
+
+    def one_request(i, accept):
+        rid = f"r{i}"
+        d.start_request(rid, prompt)
+        d.extend_request(rid, completion[:10])
+        draft = d.propose(rid, np.array(prompt + completion[:10]), 8)
+        d.record_acceptance(rid, len(draft) if accept else 0)
+        d.stop_request(rid)
+        return draft
+
+    for i in range(60):
+        one_request(i, accept=False)
+    assert one_request(100, accept=True) == []  # shut off
+    other_prompt, other_completion = list(range(5000, 5040)), list(range(6000, 6040))
+    for step in range(6):  # training steps of another problem: this problem's tree and evidence stay as they were
+        d.add_rollouts([other_prompt] * 8, [other_completion] * 8)
+    drafts = [one_request(200 + i, accept=True) for i in range(20)]
+    assert drafts[0], "the decayed cell must be drafted from again"
+    assert len(drafts[-1]) >= len(drafts[0])
+
+
+def test_trimmed_draft_tokens_teach_nothing():
+    d, prompt, completion = _drafter_with_history()
+    d.start_request("a", prompt)
+    assert len(d.propose("a", np.array(prompt), 8)) == 8
+    d.record_acceptance("a", 0, num_verified=3)  # vLLM verified only 3 of the 8 tokens
+    assert d.stats()["calibration_tokens"] == 3
