@@ -97,7 +97,11 @@ def evaluate(cand: Candidate, kappa: float, mu: float, min_token_prob: float,
     """
     conf = confidence(cand.support, cand.match_len, kappa, mu)
     prior = [p * conf for p in cand.probs]
-    accept = calibrator.calibrate(cand.source, cand.match_len, prior) if calibrator is not None and prior else prior
+    if calibrator is not None and prior:
+        accept = calibrator.calibrate(cand.source, cand.match_len, prior,
+                                      min_token_prob if truncate_by_evidence else 0.0)
+    else:
+        accept = prior
     n = 0
     for p, a in zip(cand.probs, accept):
         if (a if truncate_by_evidence else p) < min_token_prob or a <= 0.0:

@@ -39,6 +39,9 @@ def match_bucket(match_len: int) -> int:
     return len(MATCH_BUCKETS)
 
 
+_BUCKET_OF = [match_bucket(m) for m in range(MATCH_BUCKETS[-1] + 1)]  # lookup table for the hot path
+
+
 class AcceptanceCalibrator:
     """Per-(source, match-length bucket, prior-probability bin) ratio of observed to predicted accepted draft tokens.
 
@@ -84,23 +87,27 @@ class AcceptanceCalibrator:
         return min(self.bins - 1, max(0, int(a * self.bins)))
 
     def _row(self, source: str, match_len: int) -> int:
-        return self._index[source] * (len(MATCH_BUCKETS) + 1) + match_bucket(match_len)
+        nb = len(MATCH_BUCKETS) + 1
+        return self._index[source] * nb + (_BUCKET_OF[match_len] if match_len < len(_BUCKET_OF) else nb - 1)
 
     def ratio(self, source: str, match_len: int, a: float) -> float:
         """Observed / predicted acceptance of the cell holding prior ``a`` (1.0 with no observations)."""
         return self._ratios[self._row(source, match_len)][self._bin(a)]
 
-    def calibrate(self, source: str, match_len: int, prior: Sequence[float]) -> list[float]:
+    def calibrate(self, source: str, match_len: int, prior: Sequence[float], floor: float = 0.0) -> list[float]:
         """Calibrated acceptance estimates for one draft: ``min(1, a_i * ratio)``, made non-increasing along the
         draft (token i+1 can only be accepted if token i is). ``prior``: the a_i, chain order; ``match_len``: context
-        tokens the draft's tree matched."""
+        tokens the draft's tree matched. The list stops before the first estimate below ``floor`` (the drafting
+        threshold: the rest would be cut anyway)."""
         ratios = self._ratios[self._row(source, match_len)]
-        top = self.bins - 1
+        nbins, top = self.bins, self.bins - 1
         out, last = [], 1.0
         for a in prior:
-            b = int(a * self.bins)
+            b = int(a * nbins)
             c = a * ratios[b if b < top else top]
             if c < last:
+                if c < floor:
+                    break
                 last = c
             out.append(last)
         return out
