@@ -47,7 +47,7 @@ def _as_tokens(ids: Sequence[int] | np.ndarray, what: str) -> np.ndarray:
             raise ValueError(f"{what} must be a sequence of ints, got {type(ids).__name__}") from None
         if not seq:
             return np.zeros(0, np.int32)
-        # Check the distinct element types, not every element (a per-token isinstance cost ~1 us/token on pushes).
+        # Check the distinct element types, not every element (per-token isinstance checks cost ~0.25 us/token on pushes).
         if not all(issubclass(t, (int, np.integer)) and not issubclass(t, (bool, np.bool_))
                    for t in set(map(type, seq))):
             raise ValueError(f"{what} must contain only ints")
