@@ -22,6 +22,7 @@ import numpy as np
 from .arbitration import SOURCE_ORDER, choose
 from .calibration import AcceptanceCalibrator
 from .config import DrafterConfig
+from .draft_batch import DraftBatch
 from .history import RolloutHistory
 from .live import LivePool
 from .problem_key import problem_key as _problem_key
@@ -312,13 +313,14 @@ class DASDrafter:
             return self._live.request_ids
 
     # ------------------------------------------------------------------ drafting
-    def propose(self, request_id: str, context: np.ndarray | Sequence[int], max_tokens: int) -> list[int]:
+    def propose(self, request_id: str, context: np.ndarray | Sequence[int] | None, max_tokens: int) -> list[int]:
         """Draft the next tokens of a request.
 
         Args:
             request_id: an active request.
             context: the request's full context (prompt + output) or its tail; only the
                 last ``match_context_tokens`` tokens are used (int array or sequence of ints).
+                ``None``: the request's own prompt + the tokens given to :meth:`extend_request`.
             max_tokens: draft budget this round; the draft has at most
                 ``min(max_tokens, config.max_spec_tokens)`` tokens. ``<= 0`` -> ``[]``.
 
@@ -329,16 +331,59 @@ class DASDrafter:
         Raises:
             KeyError: unknown request.
         """
+        best = self._propose_one(request_id, context, max_tokens)
+        return list(best.token_ids) if best is not None else []
+
+    def propose_batch(self, request_ids: Sequence[str], max_tokens: Sequence[int] | np.ndarray,
+                      contexts: Sequence[np.ndarray | Sequence[int] | None] | None = None) -> DraftBatch:
+        """Draft for many requests at once (one engine step): :meth:`propose` per row, as arrays.
+
+        Args:
+            request_ids: ``n`` active requests.
+            max_tokens: ``int [n]`` per-row budget (each capped at ``config.max_spec_tokens``; ``<= 0``: no draft).
+            contexts: per-row context as in :meth:`propose`, or ``None`` for every row's own prompt + output.
+
+        Returns:
+            :class:`~das_trl.drafter.draft_batch.DraftBatch` of width ``config.max_spec_tokens`` with the calibrated
+            per-position acceptance estimates of every draft.
+
+        Raises:
+            KeyError: an unknown request (drafts of earlier rows were made). ValueError: length mismatch.
+        """
+        n = len(request_ids)
+        budgets = np.asarray(max_tokens, dtype=np.int64).reshape(-1)
+        if len(budgets) != n or (contexts is not None and len(contexts) != n):
+            raise ValueError(f"propose_batch: {n} request_ids but {len(budgets)} max_tokens"
+                             + ("" if contexts is None else f" and {len(contexts)} contexts"))
+        out = DraftBatch.empty(n, self.config.max_spec_tokens)
+        for i, rid in enumerate(request_ids):
+            best = self._propose_one(rid, None if contexts is None else contexts[i], int(budgets[i]))
+            if best is None:
+                continue
+            k = len(best.token_ids)
+            out.tokens[i, :k] = best.token_ids
+            out.accept[i, :k] = best.accept
+            out.lengths[i] = k
+            out.source[i] = SOURCE_ORDER.index(best.source)
+            out.match_len[i] = best.match_len
+        return out
+
+    def _propose_one(self, request_id: str, context, max_tokens: int):
         cfg = self.config
-        tail = context[-cfg.match_context_tokens:]
-        ctx = tail.tolist() if isinstance(tail, np.ndarray) else [int(t) for t in tail]
+        if context is None:
+            ctx = None
+        else:
+            tail = context[-cfg.match_context_tokens:]
+            ctx = tail.tolist() if isinstance(tail, np.ndarray) else [int(t) for t in tail]
         with self._engine_lock():
             if request_id not in self._live:
                 raise KeyError(f"request {request_id!r} is not active (call start_request first)")
             self._unverified.pop(request_id, None)  # a draft that was never reported verified teaches nothing
             k = min(int(max_tokens), cfg.max_spec_tokens)
             if k <= 0:
-                return []
+                return None
+            if ctx is None:
+                ctx = self._live.context_tail(request_id)
             self._proposals += 1
             key = self._live.problem_of(request_id)
             cands = self._index.candidates(key, ctx, k) + self._live.candidates(request_id, ctx, k)
@@ -347,12 +392,12 @@ class DASDrafter:
             best = choose(cands, cfg.evidence_pseudocount, cfg.match_len_pseudocount,
                           cfg.min_token_prob, cfg.truncate_by_evidence, self._calibrator)
             if best is None:
-                return []
+                return None
             self._unverified[request_id] = (best.source, best.match_len, best.prior)
             self._drafts += 1
             self._draft_tokens += len(best.token_ids)
             self._wins[best.source] += 1
-            return best.token_ids
+            return best
 
     def record_acceptance(self, request_id: str, num_accepted: int, num_verified: int | None = None) -> None:
         """Report how many tokens of the request's last draft verification accepted (a prefix of the draft).

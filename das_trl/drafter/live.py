@@ -56,6 +56,7 @@ class _Request:
     tail: list[int]  # last g-1 tokens of prompt + output
     groups: list[_Membership]
     output_len: int = 0
+    context: list[int] = field(default_factory=list)  # last match_context_tokens of prompt + output
 
 
 # Group key of the cross-problem batch tree (problem keys are >= 0, so it cannot clash).
@@ -90,6 +91,10 @@ class LivePool:
         """Problem key of an active request. Raises ``KeyError`` if not active."""
         return self._reqs[request_id].problem_key
 
+    def context_tail(self, request_id: str) -> list[int]:
+        """Last ``match_context_tokens`` tokens of a request's prompt + output (a new list). ``KeyError`` if unknown."""
+        return list(self._reqs[request_id].context)
+
     # ------------------------------------------------------------------ lifecycle
     def start(self, request_id: str, prompt: np.ndarray, problem_key: int) -> None:
         """Register a request (prompt: 1-D int32). Raises ``ValueError`` if active."""
@@ -104,7 +109,8 @@ class LivePool:
             for i in range(len(p) - g + 1):
                 gram = tuple(p[i:i + g])
                 counts[gram] = counts.get(gram, 0) + 1
-        req = _Request(problem_key, local, counts, prompt[-(g - 1):].tolist(), [])
+        req = _Request(problem_key, local, counts, prompt[-(g - 1):].tolist(), [],
+                       context=prompt[-self.cfg.match_context_tokens:].tolist())
         tail = prompt[-self.cfg.prompt_tail_tokens:] if self.cfg.prompt_tail_tokens else prompt[:0]
         joins = []
         if self.cfg.share_running_siblings:
@@ -147,6 +153,8 @@ class LivePool:
             return
         g = self.cfg.support_ngram
         req.output_len += len(tokens)
+        req.context.extend(tokens)
+        del req.context[:-self.cfg.match_context_tokens]
         if req.local is not None:
             req.local.extend(0, tokens)
             window = req.tail
