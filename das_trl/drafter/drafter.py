@@ -68,6 +68,44 @@ def _as_tokens(ids: Sequence[int] | np.ndarray, what: str) -> np.ndarray:
     return np.array(arr, dtype=np.int32)
 
 
+def group_rollouts(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
+                   problem_keys: Sequence[int] | None = None) -> tuple[dict[int, tuple[np.ndarray, list[np.ndarray]]],
+                                                                      dict]:
+    """Validate one push's rollouts and group them by problem (the shared front half of ``add_rollouts``).
+
+    Returns:
+        ``({problem_key: (prompt int32 array, [non-empty completion int32 arrays])}, summary)`` with summary
+        ``{"problems", "sequences", "tokens"}`` (problems with at least one non-empty completion, completions,
+        completion tokens).
+
+    Raises:
+        ValueError: mismatched lengths, ids not ints in ``[0, 2**31)``, or keys not ints in ``[0, 2**63)``. Nothing
+            is changed then (the caller has not touched its state yet).
+    """
+    if len(prompts) != len(completions):
+        raise ValueError(f"got {len(prompts)} prompts but {len(completions)} completions")
+    if problem_keys is not None and len(problem_keys) != len(prompts):
+        raise ValueError(f"got {len(problem_keys)} problem_keys for {len(prompts)} rollouts")
+    groups: dict[int, tuple[np.ndarray, list[np.ndarray]]] = {}
+    for i, (prompt, comp) in enumerate(zip(prompts, completions)):
+        p = _as_tokens(prompt, f"prompts[{i}]")
+        c = _as_tokens(comp, f"completions[{i}]")
+        if problem_keys is not None:
+            k = problem_keys[i]
+            if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or not 0 <= int(k) < 2**63:
+                raise ValueError(f"problem_keys[{i}] must be an int in [0, 2**63), got {k!r}")
+            key = int(k)
+        else:
+            key = _problem_key(p)
+        entry = groups.setdefault(key, (p, []))
+        if len(c):
+            entry[1].append(c)
+    summary = {"problems": sum(1 for _, comps in groups.values() if comps),
+               "sequences": sum(len(comps) for _, comps in groups.values()),
+               "tokens": sum(len(c) for _, comps in groups.values() for c in comps)}
+    return groups, summary
+
+
 class DASDrafter:
     """Suffix-tree drafter over a GRPO run's own rollout history (DAS, arXiv 2511.13841).
 
@@ -80,8 +118,11 @@ class DASDrafter:
     waits for one piece at most (stall measured by ``das_trl/bench/drafter_speed.py``).
     """
 
-    def __init__(self, config: DrafterConfig | None = None) -> None:
+    def __init__(self, config: DrafterConfig | None = None, tree_factory: Callable | None = None) -> None:
         self.config = config if config is not None else DrafterConfig()
+        # Suffix-tree class: arctic-inference's SuffixTree (default), or reference_tree.ReferenceSuffixTree, whose
+        # ties between equally frequent continuations go to the smallest token as in the native core (tests).
+        self._tree_factory = tree_factory
         self._lock = threading.RLock()
         self._updates_done = threading.Condition(self._lock)
         self._updater: ThreadPoolExecutor | None = None
@@ -93,8 +134,9 @@ class DASDrafter:
 
     def _clear(self) -> None:
         self._history = RolloutHistory(self.config.window, self.config.history_token_budget)
-        self._index = HistoryIndex(self.config)
-        self._live = LivePool(self.config)
+        trees = {} if self._tree_factory is None else {"tree_factory": self._tree_factory}
+        self._index = HistoryIndex(self.config, **trees)
+        self._live = LivePool(self.config, **trees)
         self._proposals = 0
         self._drafts = 0
         self._draft_tokens = 0
@@ -139,28 +181,7 @@ class DASDrafter:
             ValueError: mismatched lengths, ids not ints in ``[0, 2**31)``, or bad
                 problem keys. Nothing is changed then.
         """
-        if len(prompts) != len(completions):
-            raise ValueError(f"got {len(prompts)} prompts but {len(completions)} completions")
-        if problem_keys is not None and len(problem_keys) != len(prompts):
-            raise ValueError(f"got {len(problem_keys)} problem_keys for {len(prompts)} rollouts")
-        # Validate everything before touching state, so a bad batch changes nothing.
-        groups: dict[int, tuple[np.ndarray, list[np.ndarray]]] = {}
-        for i, (prompt, comp) in enumerate(zip(prompts, completions)):
-            p = _as_tokens(prompt, f"prompts[{i}]")
-            c = _as_tokens(comp, f"completions[{i}]")
-            if problem_keys is not None:
-                k = problem_keys[i]
-                if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or not 0 <= int(k) < 2**63:
-                    raise ValueError(f"problem_keys[{i}] must be an int in [0, 2**63), got {k!r}")
-                key = int(k)
-            else:
-                key = _problem_key(p)
-            entry = groups.setdefault(key, (p, []))
-            if len(c):
-                entry[1].append(c)
-        summary = {"problems": sum(1 for _, comps in groups.values() if comps),
-                   "sequences": sum(len(comps) for _, comps in groups.values()),
-                   "tokens": sum(len(c) for _, comps in groups.values() for c in comps)}
+        groups, summary = group_rollouts(prompts, completions, problem_keys)
         with self._lock:
             # History first, synchronously (cheap deque work): stats, digests and saved state see the push at once.
             new_ids, evicted = [], []
@@ -476,7 +497,7 @@ class DASDrafter:
         self.wait_for_updates()
         hist = RolloutHistory.from_state(state["history"], self.config.window,
                                          self.config.history_token_budget)
-        index = HistoryIndex(self.config)
+        index = HistoryIndex(self.config, **({} if self._tree_factory is None else {"tree_factory": self._tree_factory}))
         index.insert(list(hist.appearances()))
         with self._lock:
             self._history, self._index = hist, index

@@ -73,8 +73,9 @@ class LivePool:
     Not thread-safe (the owner locks).
     """
 
-    def __init__(self, config: DrafterConfig) -> None:
+    def __init__(self, config: DrafterConfig, tree_factory=SuffixTree) -> None:
         self.cfg = config
+        self._tree = tree_factory
         self._reqs: dict[str, _Request] = {}
         self._groups: dict[int, _SiblingGroup] = {}
         self._lingering: deque[tuple[int, int]] = deque()  # (problem_key, seq id), stop order
@@ -103,7 +104,7 @@ class LivePool:
         g = self.cfg.support_ngram
         local, counts = None, {}
         if self.cfg.use_local_tree:
-            local = SuffixTree(self.cfg.max_tree_depth)
+            local = self._tree(self.cfg.max_tree_depth)
             local.extend_ndarray(0, prompt.copy())
             p = prompt.tolist()
             for i in range(len(p) - g + 1):
@@ -120,7 +121,7 @@ class LivePool:
         for group_key, source in joins:
             grp = self._groups.get(group_key)
             if grp is None:
-                grp = self._groups[group_key] = _SiblingGroup(SuffixTree(self.cfg.max_tree_depth))
+                grp = self._groups[group_key] = _SiblingGroup(self._tree(self.cfg.max_tree_depth))
             member = _Membership(group_key, source, grp.next_seq)
             grp.next_seq = (grp.next_seq + 1) & 0x7FFFFFFF
             grp.running += 1

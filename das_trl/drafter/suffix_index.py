@@ -46,10 +46,11 @@ class HistoryIndex:
     # Tokens inserted between two ``pause`` calls (~0.2-2 ms of tree work at depth 24-64).
     chunk_tokens = 256
 
-    def __init__(self, config: DrafterConfig) -> None:
+    def __init__(self, config: DrafterConfig, tree_factory: Callable[[int], SuffixTree] = SuffixTree) -> None:
         self.cfg = config
+        self._tree = tree_factory
         self._problem_trees: dict[int, SuffixTree] = {}
-        self._global = SuffixTree(config.max_tree_depth) if config.use_global_tree else None
+        self._global = tree_factory(config.max_tree_depth) if config.use_global_tree else None
         self._support = SupportTable(config.support_table_bits)
         self._apps: dict[int, _Indexed] = {}
         self._newest: dict[int, int] = {}  # problem key -> appearance id holding the recency copies
@@ -97,7 +98,7 @@ class HistoryIndex:
             if self.cfg.use_problem_tree:
                 tree = self._problem_trees.get(app.problem_key)
                 if tree is None:
-                    tree = self._problem_trees[app.problem_key] = SuffixTree(self.cfg.max_tree_depth)
+                    tree = self._problem_trees[app.problem_key] = self._tree(self.cfg.max_tree_depth)
             for i, seq in enumerate(seqs):
                 sid = self._new_seq_id()
                 seq_ids.append(sid)

@@ -1,0 +1,99 @@
+// A generalized suffix automaton over token sequences that only grow, with the occurrence counts a suffix-tree
+// drafter needs (the live sources: a request's own prompt + output, its problem's running siblings, the running
+// batch).
+//
+// Why an automaton. arctic-inference's SuffixTree (what vLLM's `suffix` method and the Python reference use) updates
+// up to `depth` active nodes per appended token and re-matches the context from the root for every match length at
+// every round. A suffix automaton appends a token in amortized O(1), and each state is the set of strings that
+// share their end positions: all strings of a state have the same continuation counts, so one state covers a whole
+// range of match lengths. Counts are kept exactly for the states that hold a string of length <= depth ("relevant"
+// states: the only ones drafting reads, since a match plus its draft never exceeds the tree depth, as in arctic).
+// The per-token count update walks the suffix-link chain from the state of the sequence's depth-long suffix: at
+// most `depth` states, usually a handful.
+//
+// Semantics (equal to arctic's tree of the same sequences, truncated at `depth`):
+//   cnt(state of s) = occurrences of s in all sequences (|s| <= depth),
+//   best child of s = the continuation x maximizing cnt(s + x), ties to the smallest token id.
+// Not thread-safe; the owner locks.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "flat_map.h"
+
+namespace das {
+
+class Automaton {
+ public:
+  struct State {
+    int32_t len;         // longest string of the state
+    int32_t link;        // suffix link (-1 for the root)
+    int32_t cnt;         // occurrences (exact for relevant states)
+    int32_t best_edge;   // edge of the most frequent continuation (-1: none)
+    int32_t first_edge;  // head of the state's edge list (-1: none)
+  };
+  struct Edge {
+    int32_t token, target, next;
+  };
+  // Where one sequence stands: its whole-sequence state and the state of its last min(depth, len) tokens.
+  struct Cursor {
+    int32_t last = 0;
+    int32_t ptr = 0;
+    int64_t len = 0;
+  };
+
+  // depth: the longest string whose counts are kept (arctic's max_tree_depth). online_counts=false builds the
+  // structure only (the snapshot builder counts afterwards, in one pass).
+  explicit Automaton(int depth, bool online_counts = true);
+
+  void clear();
+  // Appends one token to the sequence at `cur` with weight w (occurrences counted w times).
+  void append(Cursor& cur, int32_t token, int32_t weight = 1);
+
+  int32_t find(int32_t s, int32_t token) const {
+    const int32_t* e = trans_.find(key(s, token));
+    return e ? edges_[*e].target : -1;
+  }
+  int32_t len(int32_t s) const { return st_[s].len; }
+  int32_t link(int32_t s) const { return st_[s].link; }
+  int32_t cnt(int32_t s) const { return st_[s].cnt; }
+  // Most frequent continuation of s: returns false if none, else sets token and target.
+  bool best(int32_t s, int32_t& token, int32_t& target) const {
+    int32_t e = st_[s].best_edge;
+    if (e < 0) return false;
+    token = edges_[e].token;
+    target = edges_[e].target;
+    return true;
+  }
+  int depth() const { return depth_; }
+  size_t num_states() const { return st_.size(); }
+  const std::vector<State>& states() const { return st_; }
+  const std::vector<Edge>& edges() const { return edges_; }
+  size_t bytes() const;
+  // Structural self-check (tests): empty string when consistent, else what is wrong.
+  std::string check() const;
+
+ private:
+  static uint64_t key(int32_t s, int32_t token) {
+    return (static_cast<uint64_t>(static_cast<uint32_t>(s)) << 32) | static_cast<uint32_t>(token);
+  }
+  int32_t new_state(int32_t len, int32_t link);
+  int32_t add_edge(int32_t s, int32_t token, int32_t target);
+  int32_t clone(int32_t q, int32_t len);
+  int32_t extend(int32_t last, int32_t token);
+  // The state on `s`'s suffix-link chain holding the suffix of length n (s must hold a suffix of length >= n).
+  int32_t down_to(int32_t s, int64_t n) const {
+    while (s != 0 && st_[st_[s].link].len >= n) s = st_[s].link;
+    return s;
+  }
+  void offer_best(int32_t s, int32_t token, int32_t target);
+
+  int depth_;
+  bool online_counts_;
+  std::vector<State> st_;
+  std::vector<Edge> edges_;
+  FlatMap<int32_t> trans_;
+};
+
+}  // namespace das

@@ -1,0 +1,206 @@
+// Python bindings of the native drafter core (nanobind). The only file that knows about Python: arrays are
+// borrowed for the duration of a call (const inputs accept read-only arrays), history token arrays are copied
+// before the call returns, and the GIL is released for the batched propose and while waiting for history builds.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include "drafter.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+template <class T>
+using In1 = nb::ndarray<const T, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+template <class T>
+using Out1 = nb::ndarray<T, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+template <class T>
+using Out2 = nb::ndarray<T, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+
+template <class T>
+T get(const nb::dict& d, const char* key, T fallback) {
+  if (!d.contains(key)) return fallback;
+  return nb::cast<T>(d[key]);
+}
+
+das::DrafterConfig config_from(const nb::dict& d) {
+  das::DrafterConfig c;
+  c.depth = get<int>(d, "max_tree_depth", c.depth);
+  c.match_context = get<int>(d, "match_context_tokens", c.match_context);
+  c.max_spec_tokens = get<int>(d, "max_spec_tokens", c.max_spec_tokens);
+  c.max_spec_factor = get<double>(d, "max_spec_factor", c.max_spec_factor);
+  c.max_spec_offset = get<double>(d, "max_spec_offset", c.max_spec_offset);
+  c.min_token_prob = get<double>(d, "min_token_prob", c.min_token_prob);
+  c.min_match_len = get<int>(d, "min_match_len", c.min_match_len);
+  c.use_problem = get<bool>(d, "use_problem_tree", c.use_problem);
+  c.use_global = get<bool>(d, "use_global_tree", c.use_global);
+  c.use_local = get<bool>(d, "use_local_tree", c.use_local);
+  c.share_siblings = get<bool>(d, "share_running_siblings", c.share_siblings);
+  c.share_batch = get<bool>(d, "share_running_batch", c.share_batch);
+  c.prompt_tail = get<int>(d, "prompt_tail_tokens", c.prompt_tail);
+  c.max_lingering = get<int64_t>(d, "max_lingering_finished", c.max_lingering);
+  c.live_token_budget = get<int64_t>(d, "live_token_budget", c.live_token_budget);
+  c.gram = get<int>(d, "support_ngram", c.gram);
+  c.kappa = get<double>(d, "evidence_pseudocount", c.kappa);
+  c.mu = get<double>(d, "match_len_pseudocount", c.mu);
+  c.truncate_by_evidence = get<bool>(d, "truncate_by_evidence", c.truncate_by_evidence);
+  c.calibrate = get<bool>(d, "calibrate_acceptance", c.calibrate);
+  c.cal_pseudocount = get<double>(d, "calibration_pseudocount", c.cal_pseudocount);
+  c.cal_decay = get<double>(d, "calibration_step_decay", c.cal_decay);
+  c.builder_threads = get<int>(d, "builder_threads", c.builder_threads);
+  return c;
+}
+
+struct SlotError : std::exception {
+  std::string msg;
+  explicit SlotError(std::string m) : msg(std::move(m)) {}
+  const char* what() const noexcept override { return msg.c_str(); }
+};
+
+template <class F>
+auto slot_guard(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const std::out_of_range& e) {
+    throw SlotError(e.what());
+  }
+}
+
+void need_rows(const char* what, size_t got, size_t n) {
+  if (got != n)
+    throw das::InputError(std::string(what) + " must have " + std::to_string(n) + " rows, got " + std::to_string(got));
+}
+
+}  // namespace
+
+NB_MODULE(_das_native, m) {
+  m.doc() = "Native core of the DAS drafter (see das_trl/drafter/native/__init__.py).";
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const SlotError& e) {
+      PyErr_SetString(PyExc_KeyError, e.what());
+    }
+  });
+  m.attr("MAX_SPEC_TOKENS") = das::kMaxSpec;
+
+  nb::class_<das::Drafter>(m, "Drafter")
+      .def("__init__", [](das::Drafter* self, const nb::dict& cfg) { new (self) das::Drafter(config_from(cfg)); },
+           "config"_a)
+      .def("start",
+           [](das::Drafter& d, int32_t slot, In1<int32_t> prompt, uint64_t problem) {
+             d.start(slot, prompt.data(), static_cast<int64_t>(prompt.shape(0)), problem);
+           },
+           "slot"_a, "prompt"_a, "problem"_a)
+      .def("extend",
+           [](das::Drafter& d, int32_t slot, In1<int32_t> tokens) {
+             slot_guard([&] { d.extend(slot, tokens.data(), static_cast<int64_t>(tokens.shape(0))); });
+           },
+           "slot"_a, "tokens"_a)
+      .def("stop", [](das::Drafter& d, int32_t slot) { slot_guard([&] { d.stop(slot); }); }, "slot"_a)
+      .def("active", &das::Drafter::active, "slot"_a)
+      .def("problem_of", [](das::Drafter& d, int32_t slot) { return slot_guard([&] { return d.problem_of(slot); }); },
+           "slot"_a)
+      .def("propose",
+           [](das::Drafter& d, In1<int32_t> slots, In1<int32_t> budgets, Out2<int32_t> tokens, Out2<double> accept,
+              Out1<int32_t> lengths, Out1<int8_t> source, Out1<int32_t> match_len) {
+             const size_t n = slots.shape(0);
+             const size_t K = static_cast<size_t>(d.config().max_spec_tokens);
+             need_rows("budgets", budgets.shape(0), n);
+             need_rows("tokens", tokens.shape(0), n);
+             need_rows("accept", accept.shape(0), n);
+             need_rows("lengths", lengths.shape(0), n);
+             need_rows("source", source.shape(0), n);
+             need_rows("match_len", match_len.shape(0), n);
+             if (tokens.shape(1) != K || accept.shape(1) != K)
+               throw das::InputError("tokens and accept must have max_spec_tokens = " + std::to_string(K) +
+                                     " columns");
+             nb::gil_scoped_release nogil;
+             slot_guard([&] {
+               d.propose(slots.data(), budgets.data(), static_cast<int64_t>(n), tokens.data(), accept.data(),
+                         lengths.data(), source.data(), match_len.data());
+             });
+           },
+           "slots"_a, "budgets"_a, "tokens"_a, "accept"_a, "lengths"_a, "source"_a, "match_len"_a)
+      .def("record_acceptance",
+           [](das::Drafter& d, int32_t slot, int64_t accepted, int64_t verified) {
+             slot_guard([&] { d.record_acceptance(slot, accepted, verified); });
+           },
+           "slot"_a, "accepted"_a, "verified"_a = -1)
+      .def("release_finished", &das::Drafter::release_finished, "problems"_a)
+      .def("new_step", &das::Drafter::new_step)
+      .def("reset_requests", &das::Drafter::reset_requests)
+      .def("submit_history",
+           [](das::Drafter& d, uint64_t key, In1<int32_t> tokens, In1<int64_t> offsets, In1<int32_t> weights) {
+             const size_t n = offsets.shape(0);
+             if (n == 0) throw das::InputError("offsets must hold at least one entry (0)");
+             if (weights.shape(0) != n - 1)
+               throw das::InputError("weights must have one entry per sequence (" + std::to_string(n - 1) + ")");
+             das::SequenceSet s;
+             s.tokens.assign(tokens.data(), tokens.data() + tokens.shape(0));
+             s.offsets.assign(offsets.data(), offsets.data() + n);
+             s.weights.assign(weights.data(), weights.data() + n - 1);
+             if (s.offsets.front() != 0 || s.offsets.back() != static_cast<int64_t>(s.tokens.size()))
+               throw das::InputError("offsets must start at 0 and end at len(tokens)");
+             for (size_t i = 0; i + 1 < n; ++i) {
+               if (s.offsets[i + 1] < s.offsets[i]) throw das::InputError("offsets must be non-decreasing");
+               if (s.weights[i] < 1) throw das::InputError("weights must be >= 1");
+             }
+             d.history().submit(key, std::move(s));
+           },
+           "key"_a, "tokens"_a, "offsets"_a, "weights"_a)
+      .def("drop_history", [](das::Drafter& d, uint64_t key) { d.history().submit(key, das::SequenceSet()); }, "key"_a)
+      .def("wait_history",
+           [](das::Drafter& d, double timeout) {
+             nb::gil_scoped_release nogil;
+             return d.history().wait(timeout);
+           },
+           "timeout"_a = -1.0)
+      .def("clear_history", [](das::Drafter& d) {
+        nb::gil_scoped_release nogil;
+        d.history().clear();
+      })
+      .def("stats",
+           [](das::Drafter& d) {
+             nb::dict out;
+             auto c = d.counters();
+             out["proposals"] = c.proposals;
+             out["drafts"] = c.drafts;
+             out["draft_tokens"] = c.draft_tokens;
+             out["requests"] = c.requests;
+             out["verified_drafts"] = c.verified_drafts;
+             out["accepted_tokens"] = c.accepted_tokens;
+             nb::list wins;
+             for (auto w : c.wins) wins.append(w);
+             out["wins"] = wins;
+             out["calibration_tokens"] = d.calibration_tokens();
+             auto l = d.live_stats();
+             out["active_requests"] = l.active_requests;
+             out["sibling_groups"] = l.sibling_groups;
+             out["lingering_finished"] = l.lingering_finished;
+             out["live_running_tokens"] = l.running_tokens;
+             out["live_finished_tokens"] = l.finished_tokens;
+             out["live_local_tokens"] = l.local_tokens;
+             out["live_bytes"] = l.bytes;
+             out["live_rebuilds"] = l.rebuilds;
+             out["live_evicted"] = l.evicted;
+             auto h = d.history().stats();
+             out["index_problems"] = h.problems;
+             out["index_tokens"] = h.tokens;
+             out["index_sequences"] = h.sequences;
+             out["index_states"] = h.states;
+             out["index_bytes"] = h.bytes;
+             out["global_tokens"] = h.global_tokens;
+             out["global_bytes"] = h.global_bytes;
+             out["pending_updates"] = h.pending;
+             out["update_builds"] = h.builds;
+             out["update_errors"] = h.errors;
+             out["update_seconds"] = h.build_seconds;
+             return out;
+           })
+      .def("calibration_ratio", &das::Drafter::calibration_ratio, "source"_a, "bucket"_a, "bin"_a)
+      .def("check", &das::Drafter::check);
+}

@@ -1,0 +1,447 @@
+#include "drafter.h"
+
+#include <algorithm>
+#include <string>
+
+namespace das {
+
+namespace {
+
+LiveConfig live_config(const DrafterConfig& c) {
+  LiveConfig l;
+  l.depth = c.depth;
+  l.gram = c.gram;
+  l.prompt_tail = c.prompt_tail;
+  l.share_siblings = c.share_siblings;
+  l.share_batch = c.share_batch;
+  l.max_lingering = c.max_lingering;
+  l.live_token_budget = c.live_token_budget;
+  return l;
+}
+
+template <class A>
+int32_t down_to(const A& a, int32_t s, int64_t n) {
+  while (s != 0 && a.len(a.link(s)) >= n) s = a.link(s);
+  return s;
+}
+
+// Capped matching step: (v, ell) is the longest suffix (<= previous cap) present; returns the longest suffix
+// <= cap after appending c. ell <= depth - 1 before the step keeps v on states whose edges are all present.
+template <class A>
+void advance(const A& a, int32_t& v, int32_t& ell, int32_t c, int32_t cap) {
+  int32_t nx = a.find(v, c);
+  while (nx < 0 && v != 0) {
+    v = a.link(v);
+    ell = a.len(v);
+    nx = a.find(v, c);
+  }
+  if (nx < 0) {
+    v = 0;
+    ell = 0;
+  } else {
+    v = nx;
+    ++ell;
+  }
+  if (ell > cap) {
+    ell = std::max(cap, 0);
+    v = down_to(a, v, ell);
+  }
+}
+
+// Fresh capped match of the last ctx_len tokens of a text of text_len tokens.
+template <class A>
+void match_tail(const A& a, const int32_t* ctx, int ctx_len, int64_t text_len, int match_context, int32_t& v,
+                int32_t& ell) {
+  v = 0;
+  ell = 0;
+  for (int i = 0; i < ctx_len; ++i) {
+    const int64_t L = text_len - ctx_len + i + 1;
+    advance(a, v, ell, ctx[i], static_cast<int32_t>(std::min<int64_t>(match_context - 1, L - 1)));
+  }
+}
+
+}  // namespace
+
+void DrafterConfig::validate() const {
+  auto need = [](bool ok, const std::string& msg) {
+    if (!ok) throw InputError("native DrafterConfig: " + msg);
+  };
+  need(depth >= 2 && depth <= 4096, "max_tree_depth must be in [2, 4096], got " + std::to_string(depth));
+  need(match_context >= 1 && match_context <= depth,
+       "match_context_tokens must be in [1, max_tree_depth], got " + std::to_string(match_context));
+  need(max_spec_tokens >= 1 && max_spec_tokens <= kMaxSpec,
+       "max_spec_tokens must be in [1, " + std::to_string(kMaxSpec) + "], got " + std::to_string(max_spec_tokens));
+  need(gram >= 2 && gram <= depth, "support_ngram must be in [2, max_tree_depth], got " + std::to_string(gram));
+  need(cal_bins >= 1 && cal_pseudocount > 0 && cal_cap > cal_pseudocount, "bad calibration settings");
+  need(builder_threads >= 1 && builder_threads <= 64, "builder_threads must be in [1, 64]");
+}
+
+Drafter::Drafter(const DrafterConfig& cfg)
+    : cfg_((cfg.validate(), cfg)),
+      pool_(live_config(cfg)),
+      history_(cfg.depth, cfg.gram, cfg.builder_threads),
+      cal_(cfg.cal_bins, cfg.cal_pseudocount, cfg.cal_cap, cfg.cal_decay) {
+  sp_.depth = cfg.depth;
+  sp_.max_spec_tokens = cfg.max_spec_tokens;
+  sp_.factor = static_cast<float>(cfg.max_spec_factor);
+  sp_.offset = static_cast<float>(cfg.max_spec_offset);
+  sp_.min_prob = static_cast<float>(cfg.min_token_prob);
+  sp_.prepare();
+}
+
+Drafter::Request& Drafter::req(int32_t slot) {
+  if (slot < 0 || slot >= static_cast<int32_t>(reqs_.size()) || !reqs_[slot].active)
+    throw std::out_of_range("request slot " + std::to_string(slot) + " is not active (call start first)");
+  return reqs_[slot];
+}
+const Drafter::Request& Drafter::req(int32_t slot) const { return const_cast<Drafter*>(this)->req(slot); }
+
+void Drafter::start(int32_t slot, const int32_t* prompt, int64_t n, uint64_t problem) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (slot < 0 || slot > (1 << 24)) throw InputError("slot must be in [0, 2**24], got " + std::to_string(slot));
+  if (slot >= static_cast<int32_t>(reqs_.size())) reqs_.resize(slot + 1);
+  Request& r = reqs_[slot];
+  if (r.active) throw InputError("request slot " + std::to_string(slot) + " is already active");
+  r.active = true;
+  r.problem = problem;
+  r.text_len = n;
+  r.output_len = 0;
+  r.ctx.assign(prompt + (n - std::min<int64_t>(n, cfg_.match_context)), prompt + n);
+  r.hm[0] = r.hm[1] = HistMatch();
+  r.pend_n = -1;
+  r.local_cur = Automaton::Cursor();
+  if (cfg_.use_local) {
+    if (!r.local) r.local = std::make_unique<Automaton>(cfg_.depth); else r.local->clear();
+    for (int64_t i = 0; i < n; ++i) r.local->append(r.local_cur, prompt[i]);
+  } else {
+    r.local.reset();
+  }
+  r.seq = pool_.start(problem, prompt, n);
+  ++active_;
+  ++ctr_.requests;
+}
+
+void Drafter::extend(int32_t slot, const int32_t* tokens, int64_t n) {
+  std::lock_guard<std::mutex> lk(mu_);
+  Request& r = req(slot);
+  if (n <= 0) return;
+  if (r.local)
+    for (int64_t i = 0; i < n; ++i) r.local->append(r.local_cur, tokens[i]);
+  if (r.seq >= 0) pool_.extend(r.seq, tokens, n);
+  r.ctx.insert(r.ctx.end(), tokens, tokens + n);
+  if (static_cast<int64_t>(r.ctx.size()) > 2 * cfg_.match_context)
+    r.ctx.erase(r.ctx.begin(), r.ctx.end() - cfg_.match_context);
+  r.text_len += n;
+  r.output_len += n;
+  r.hm[0].pending += n;
+  r.hm[1].pending += n;
+}
+
+void Drafter::stop(int32_t slot) {
+  std::lock_guard<std::mutex> lk(mu_);
+  Request& r = req(slot);
+  if (r.seq >= 0) pool_.stop(r.seq, r.output_len);
+  r.seq = -1;
+  r.active = false;
+  r.pend_n = -1;
+  if (r.local && r.local->num_states() > 4096) r.local.reset();  // do not keep a long request's memory around
+  --active_;
+}
+
+bool Drafter::active(int32_t slot) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return slot >= 0 && slot < static_cast<int32_t>(reqs_.size()) && reqs_[slot].active;
+}
+
+uint64_t Drafter::problem_of(int32_t slot) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return req(slot).problem;
+}
+
+void Drafter::sync_history(Request& r, const Snapshot& s, HistMatch& hm) const {
+  const int ctx_len = static_cast<int>(std::min<int64_t>(cfg_.match_context, r.text_len));
+  const int32_t* ctx = r.ctx.data() + r.ctx.size() - ctx_len;
+  if (hm.version != s.version() || hm.pending > ctx_len) {
+    match_tail(s, ctx, ctx_len, r.text_len, cfg_.match_context, hm.v, hm.ell);
+  } else {
+    for (int64_t i = hm.pending; i > 0; --i) {
+      const int64_t L = r.text_len - i + 1;
+      advance(s, hm.v, hm.ell, ctx[ctx_len - i],
+              static_cast<int32_t>(std::min<int64_t>(cfg_.match_context - 1, L - 1)));
+    }
+  }
+  hm.version = s.version();
+  hm.pending = 0;
+}
+
+int64_t Drafter::snapshot_support(const Snapshot& s, const RawDraft& d, const int32_t* ctx, int ctx_len) const {
+  const int g = cfg_.gram;
+  if (ctx_len < g - 1) return 0;
+  int32_t u = 0;
+  if (d.match_len >= g - 1) {
+    int32_t tok = 0, t1 = 0;
+    s.best(d.state, tok, t1);
+    u = down_to(s, t1, g);
+  } else {
+    u = 0;
+    for (int i = ctx_len - (g - 1); i < ctx_len && u >= 0; ++i) u = s.find(u, ctx[i]);
+    if (u >= 0) u = s.find(u, d.tokens[0]);
+    if (u < 0) return 0;
+  }
+  return s.distinct(u);
+}
+
+void Drafter::propose_row(Request& r, int budget, const Snapshot* psnap, const Snapshot* gsnap, RowOut& out) {
+  out.length = 0;
+  out.source = -1;
+  out.match_len = 0;
+  r.pend_n = -1;  // a draft never reported verified teaches nothing
+  const int k = std::min(budget, cfg_.max_spec_tokens);
+  if (k <= 0) return;
+  ++ctr_.proposals;
+  const int g = cfg_.gram;
+  const int ctx_len = static_cast<int>(std::min<int64_t>(cfg_.match_context, r.text_len));
+  const int32_t* ctx = r.ctx.data() + r.ctx.size() - ctx_len;
+  const int32_t M = ctx_len - 1;  // arctic matches m < len(context)
+  Candidate cands[kNumSources];
+  int nc = 0;
+  auto keep = [&](Candidate& c) { return c.d.n > 0 && c.d.match_len >= cfg_.min_match_len; };
+  // Own-sequence state in a live automaton: the request's own text always contains its context.
+  auto live_state = [&](const Automaton& a, const Automaton::Cursor& cur, int64_t seq_len, int32_t& v, int32_t& ell) {
+    if (seq_len >= ctx_len) {
+      ell = M;
+      v = down_to(a, cur.ptr, M);
+    } else {
+      match_tail(a, ctx, ctx_len, r.text_len, cfg_.match_context, v, ell);
+    }
+  };
+  auto gram_key_of = [&](int32_t first) {
+    int32_t buf[64];
+    std::copy(ctx + ctx_len - (g - 1), ctx + ctx_len, buf);
+    buf[g - 1] = first;
+    return gram_key(buf, g);
+  };
+  // 1. problem history
+  if (cfg_.use_problem && psnap) {
+    sync_history(r, *psnap, r.hm[0]);
+    Candidate& c = cands[nc];
+    c.source = kProblem;
+    speculate(*psnap, r.hm[0].v, r.hm[0].ell, k, sp_, c.d);
+    if (keep(c)) {
+      c.support = snapshot_support(*psnap, c.d, ctx, ctx_len);
+      ++nc;
+    }
+  }
+  // 2. running siblings, 3. own text, 4. running batch
+  for (int which : {0, -1, 1}) {
+    if (which < 0) {
+      if (!r.local) continue;
+      Candidate& c = cands[nc];
+      c.source = kLocal;
+      int32_t v = 0, ell = 0;
+      live_state(*r.local, r.local_cur, r.text_len, v, ell);
+      speculate(*r.local, v, ell, k, sp_, c.d);
+      if (!keep(c)) continue;
+      c.support = 0;
+      if (ctx_len >= g - 1) {
+        int32_t u = 0;
+        if (c.d.match_len >= g - 1) {
+          int32_t tok = 0, t1 = 0;
+          r.local->best(c.d.state, tok, t1);
+          u = down_to(*r.local, t1, g);
+        } else {
+          u = 0;
+          for (int i = ctx_len - (g - 1); i < ctx_len && u >= 0; ++i) u = r.local->find(u, ctx[i]);
+          if (u >= 0) u = r.local->find(u, c.d.tokens[0]);
+        }
+        if (u > 0) c.support = r.local->cnt(u);
+      }
+      ++nc;
+      continue;
+    }
+    if (r.seq < 0) continue;
+    LivePool::Group* grp = pool_.group_of(r.seq, which);
+    if (!grp || grp->nonempty <= 1) continue;
+    const LivePool::Seq& sq = pool_.seq(r.seq);
+    Candidate& c = cands[nc];
+    c.source = which == 0 ? kSiblings : kBatch;
+    int32_t v = 0, ell = 0;
+    live_state(grp->sam, sq.cursor[which], static_cast<int64_t>(sq.tokens.size()), v, ell);
+    speculate(grp->sam, v, ell, k, sp_, c.d);
+    if (!keep(c)) continue;
+    c.support = 0;
+    if (ctx_len >= g - 1) {
+      const uint64_t h = gram_key_of(c.d.tokens[0]);
+      const int32_t* cnt = grp->gram_counts.find(h);
+      c.support = (cnt ? *cnt : 0) - (sq.grams.find(h) ? 1 : 0);
+    }
+    ++nc;
+  }
+  // 5. global history
+  if (cfg_.use_global && gsnap) {
+    sync_history(r, *gsnap, r.hm[1]);
+    Candidate& c = cands[nc];
+    c.source = kGlobal;
+    speculate(*gsnap, r.hm[1].v, r.hm[1].ell, k, sp_, c.d);
+    if (keep(c)) {
+      c.support = snapshot_support(*gsnap, c.d, ctx, ctx_len);
+      ++nc;
+    }
+  }
+  // Evidence-weighted, calibrated choice (arbitration.py): a_i = p_i * n/(n+kappa) * m/(m+mu), calibrated, cut at
+  // the first estimate below min_token_prob; the largest sum wins, ties to the earlier source.
+  // cands are in source order already (problem, siblings, local, batch, global).
+  double prior[kMaxSpec], acc[kMaxSpec];
+  double best_score = 0.0;
+  int best = -1, best_n = 0;
+  double best_prior[kMaxSpec], best_acc[kMaxSpec];
+  for (int ci = 0; ci < nc; ++ci) {
+    const Candidate& c = cands[ci];
+    const int m = c.d.match_len;
+    double conf = 0.0;
+    if (m > 0) {
+      const double s = static_cast<double>(std::max<int64_t>(c.support, 1));
+      conf = s / (s + cfg_.kappa) * static_cast<double>(m) / (static_cast<double>(m) + cfg_.mu);
+    }
+    for (int i = 0; i < c.d.n; ++i) prior[i] = static_cast<double>(c.d.probs[i]) * conf;
+    int na = c.d.n;
+    if (cfg_.calibrate) {
+      na = cal_.calibrate(c.source, m, prior, c.d.n, cfg_.truncate_by_evidence ? cfg_.min_token_prob : 0.0, acc);
+    } else {
+      std::copy(prior, prior + na, acc);
+    }
+    int cnt = 0;
+    for (; cnt < std::min(na, c.d.n); ++cnt) {
+      const double test = cfg_.truncate_by_evidence ? acc[cnt] : static_cast<double>(c.d.probs[cnt]);
+      if (test < cfg_.min_token_prob || acc[cnt] <= 0.0) break;
+    }
+    if (cnt == 0) continue;
+    double score = 0.0;
+    for (int i = 0; i < cnt; ++i) score += acc[i];
+    if (best < 0 || score > best_score) {
+      best = ci;
+      best_score = score;
+      best_n = cnt;
+      std::copy(prior, prior + cnt, best_prior);
+      std::copy(acc, acc + cnt, best_acc);
+    }
+  }
+  if (best < 0) return;
+  const Candidate& c = cands[best];
+  std::copy(c.d.tokens, c.d.tokens + best_n, out.tokens);
+  std::copy(best_acc, best_acc + best_n, out.accept);
+  out.length = best_n;
+  out.source = static_cast<int8_t>(c.source);
+  out.match_len = c.d.match_len;
+  r.pend_n = best_n;
+  r.pend_source = c.source;
+  r.pend_match = c.d.match_len;
+  std::copy(best_prior, best_prior + best_n, r.pend_prior);
+  ++ctr_.drafts;
+  ctr_.draft_tokens += best_n;
+  ++ctr_.wins[c.source];
+}
+
+void Drafter::propose(const int32_t* slots, const int32_t* budgets, int64_t n, int32_t* tokens, double* accept,
+                      int32_t* lengths, int8_t* source, int32_t* match_len) {
+  std::lock_guard<std::mutex> lk(mu_);
+  const int K = cfg_.max_spec_tokens;
+  for (int64_t i = 0; i < n; ++i) req(slots[i]);  // validate every row before changing any state
+  keys_buf_.resize(n + 1);
+  for (int64_t i = 0; i < n; ++i) keys_buf_[i] = reqs_[slots[i]].problem;
+  keys_buf_[n] = HistoryIndex::kGlobalKey;
+  history_.get_many(keys_buf_.data(), keys_buf_.size(), snaps_buf_);
+  const Snapshot* gsnap = snaps_buf_[n].get();
+  for (int64_t i = 0; i < n; ++i) {
+    RowOut out;
+    out.tokens = tokens + i * K;
+    out.accept = accept + i * K;
+    std::fill(out.tokens, out.tokens + K, 0);
+    std::fill(out.accept, out.accept + K, 0.0);
+    propose_row(reqs_[slots[i]], budgets[i], snaps_buf_[i].get(), gsnap, out);
+    lengths[i] = out.length;
+    source[i] = out.source;
+    match_len[i] = out.match_len;
+  }
+  snaps_buf_.clear();  // do not keep superseded snapshots alive between steps
+}
+
+void Drafter::record_acceptance(int32_t slot, int64_t accepted, int64_t verified) {
+  std::lock_guard<std::mutex> lk(mu_);
+  Request& r = req(slot);
+  if (r.pend_n < 0) return;
+  int n = r.pend_n;
+  if (verified >= 0) n = static_cast<int>(std::min<int64_t>(n, verified));
+  r.pend_n = -1;
+  ++ctr_.verified_drafts;
+  ctr_.accepted_tokens += std::min<int64_t>(std::max<int64_t>(accepted, 0), n);
+  if (cfg_.calibrate && n > 0)
+    cal_.observe(r.pend_source, r.pend_match, r.pend_prior, n,
+                 static_cast<int>(std::min<int64_t>(std::max<int64_t>(accepted, -1), 1 << 30)));
+}
+
+void Drafter::release_finished(const std::vector<uint64_t>& problems) {
+  std::lock_guard<std::mutex> lk(mu_);
+  pool_.release_finished(problems);
+}
+
+void Drafter::new_step() {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (cfg_.calibrate) cal_.new_step();
+}
+
+void Drafter::reset_requests() {
+  std::lock_guard<std::mutex> lk(mu_);
+  reqs_.clear();
+  pool_.clear();
+  active_ = 0;
+  ctr_ = Counters();
+  cal_ = Calibrator(cfg_.cal_bins, cfg_.cal_pseudocount, cfg_.cal_cap, cfg_.cal_decay);
+}
+
+Drafter::Counters Drafter::counters() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return ctr_;
+}
+
+int64_t Drafter::calibration_tokens() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return cal_.observed_tokens();
+}
+
+double Drafter::calibration_ratio(int source, int bucket, int bin) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return cal_.ratio(source, bucket, bin);
+}
+
+Drafter::LiveStats Drafter::live_stats() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  LiveStats s;
+  s.active_requests = active_;
+  s.sibling_groups = pool_.sibling_groups();
+  s.lingering_finished = pool_.finished_sequences();
+  s.running_tokens = pool_.running_tokens();
+  s.finished_tokens = pool_.finished_tokens();
+  s.rebuilds = pool_.rebuilds();
+  s.evicted = pool_.evicted();
+  size_t b = pool_.bytes();
+  for (const auto& r : reqs_) {
+    if (r.local) b += r.local->bytes();
+    b += r.ctx.capacity() * sizeof(int32_t) + sizeof(Request);
+    if (r.active) s.local_tokens += r.text_len;
+  }
+  s.bytes = static_cast<int64_t>(b);
+  return s;
+}
+
+std::string Drafter::check() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (size_t i = 0; i < reqs_.size(); ++i) {
+    if (!reqs_[i].active || !reqs_[i].local) continue;
+    std::string e = reqs_[i].local->check();
+    if (!e.empty()) return "local automaton of slot " + std::to_string(i) + ": " + e;
+  }
+  return "";
+}
+
+}  // namespace das

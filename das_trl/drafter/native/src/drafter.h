@@ -1,0 +1,139 @@
+// The native DAS drafter: requests in slots, five draft sources, evidence-weighted and calibrated arbitration, and
+// one batched propose per engine step. A port of das_trl/drafter/drafter.py (the reference implementation) with
+// the same semantics: tests compare the two draft for draft (tests/drafter/test_native_equivalence.py).
+//
+// Per request and round the work is O(new tokens) to advance its match states and automata, plus the draft search
+// on each source (speculate.h). The Python layer validates input and maps request ids to slots.
+// Thread-safety: every public method takes the drafter's mutex; history snapshots are built on HistoryIndex's own
+// threads and read without blocking.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "automaton.h"
+#include "calibrator.h"
+#include "history_index.h"
+#include "live_pool.h"
+#include "speculate.h"
+
+namespace das {
+
+struct DrafterConfig {
+  int depth = 32;               // max_tree_depth
+  int match_context = 32;       // match_context_tokens
+  int max_spec_tokens = 16;
+  double max_spec_factor = 1.0;
+  double max_spec_offset = 0.0;
+  double min_token_prob = 0.05;
+  int min_match_len = 1;
+  bool use_problem = true, use_global = true, use_local = true;
+  bool share_siblings = true, share_batch = true;
+  int prompt_tail = 32;
+  int64_t max_lingering = 4096;
+  int64_t live_token_budget = 4'000'000;
+  int gram = 3;                 // support_ngram
+  double kappa = 2.0, mu = 1.0;
+  bool truncate_by_evidence = true;
+  bool calibrate = true;
+  double cal_pseudocount = 8.0, cal_decay = 0.5, cal_cap = 2000.0;
+  int cal_bins = 10;
+  int builder_threads = 1;
+  void validate() const;
+};
+
+// One row's output of propose.
+struct RowOut {
+  int32_t* tokens;  // [max_spec_tokens]
+  double* accept;   // [max_spec_tokens]
+  int32_t length = 0;
+  int8_t source = -1;
+  int32_t match_len = 0;
+};
+
+class Drafter {
+ public:
+  explicit Drafter(const DrafterConfig& cfg);
+
+  void start(int32_t slot, const int32_t* prompt, int64_t n, uint64_t problem);
+  void extend(int32_t slot, const int32_t* tokens, int64_t n);
+  void stop(int32_t slot);
+  bool active(int32_t slot) const;
+  uint64_t problem_of(int32_t slot) const;
+  // Drafts for n rows: slots[i] active requests, budgets[i] tokens (<= 0: none). Outputs are caller-owned:
+  // tokens / accept [n, max_spec_tokens] (row-major), lengths / match_len [n], source [n].
+  void propose(const int32_t* slots, const int32_t* budgets, int64_t n, int32_t* tokens, double* accept,
+               int32_t* lengths, int8_t* source, int32_t* match_len);
+  void record_acceptance(int32_t slot, int64_t accepted, int64_t verified);
+  void release_finished(const std::vector<uint64_t>& problems);
+  void new_step();
+  void reset_requests();
+
+  HistoryIndex& history() { return history_; }
+  const DrafterConfig& config() const { return cfg_; }
+
+  struct Counters {
+    int64_t proposals = 0, drafts = 0, draft_tokens = 0, requests = 0, verified_drafts = 0, accepted_tokens = 0;
+    std::array<int64_t, kNumSources> wins{};
+  };
+  Counters counters() const;
+  int64_t calibration_tokens() const;
+  double calibration_ratio(int source, int bucket, int bin) const;
+  int calibration_bins() const { return cfg_.cal_bins; }
+  struct LiveStats {
+    int64_t active_requests = 0, sibling_groups = 0, lingering_finished = 0, running_tokens = 0, finished_tokens = 0,
+            local_tokens = 0, bytes = 0, rebuilds = 0, evicted = 0;
+  };
+  LiveStats live_stats() const;
+  std::string check() const;
+
+ private:
+  struct HistMatch {
+    uint64_t version = 0;  // snapshot the state refers to (0: none)
+    int32_t v = 0;
+    int32_t ell = 0;
+    int64_t pending = 0;   // tokens appended since the state was advanced
+  };
+  struct Request {
+    bool active = false;
+    uint64_t problem = 0;
+    std::unique_ptr<Automaton> local;
+    Automaton::Cursor local_cur;
+    std::vector<int32_t> ctx;  // recent tokens (at least the last match_context)
+    int64_t text_len = 0, output_len = 0;
+    int32_t seq = -1;
+    HistMatch hm[2];  // [0] problem snapshot, [1] global snapshot
+    int pend_n = -1;  // unverified draft: length (-1: none), source, match length, prior estimates
+    int pend_source = 0, pend_match = 0;
+    double pend_prior[kMaxSpec];
+  };
+  struct Candidate {
+    int source;
+    RawDraft d;
+    int64_t support;
+  };
+
+  Request& req(int32_t slot);
+  const Request& req(int32_t slot) const;
+  void sync_history(Request& r, const Snapshot& s, HistMatch& hm) const;
+  int64_t snapshot_support(const Snapshot& s, const RawDraft& d, const int32_t* ctx, int ctx_len) const;
+  void propose_row(Request& r, int budget, const Snapshot* problem_snap, const Snapshot* global_snap, RowOut& out);
+
+  DrafterConfig cfg_;
+  SpecParams sp_;
+  mutable std::mutex mu_;
+  std::vector<Request> reqs_;
+  LivePool pool_;
+  HistoryIndex history_;
+  Calibrator cal_;
+  Counters ctr_;
+  int64_t active_ = 0;
+  std::vector<std::shared_ptr<const Snapshot>> snaps_buf_;
+  std::vector<uint64_t> keys_buf_;
+};
+
+}  // namespace das

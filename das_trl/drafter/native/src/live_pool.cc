@@ -1,0 +1,209 @@
+#include "live_pool.h"
+
+#include <algorithm>
+
+namespace das {
+
+LivePool::Group& LivePool::group(uint64_t key) {
+  auto it = groups_.find(key);
+  if (it == groups_.end()) it = groups_.emplace(key, std::make_unique<Group>(cfg_.depth)).first;
+  return *it->second;
+}
+
+int32_t LivePool::start(uint64_t problem, const int32_t* prompt, int64_t prompt_len) {
+  if (!cfg_.share_siblings && !cfg_.share_batch) return -1;
+  int32_t id;
+  if (!free_.empty()) {
+    id = free_.back();
+    free_.pop_back();
+  } else {
+    id = static_cast<int32_t>(seqs_.size());
+    seqs_.push_back(std::make_unique<Seq>());
+  }
+  Seq& s = *seqs_[id];
+  s.tokens.clear();
+  s.grams.reset();
+  s.problem = problem;
+  s.finished = false;
+  s.alive = true;
+  s.lingering = false;
+  ++s.generation;
+  s.cursor[0] = s.cursor[1] = Automaton::Cursor();
+  for (int which = 0; which < 2; ++which) {
+    if (which == 0 ? !cfg_.share_siblings : !cfg_.share_batch) continue;
+    Group& g = group(key_of(id, which));
+    g.members.push_back(id);
+  }
+  const int64_t tail = std::min<int64_t>(cfg_.prompt_tail, prompt_len);
+  add_tokens(id, prompt + (prompt_len - tail), tail);
+  return id;
+}
+
+void LivePool::extend(int32_t id, const int32_t* tokens, int64_t n) { add_tokens(id, tokens, n); }
+
+void LivePool::add_tokens(int32_t id, const int32_t* tokens, int64_t n) {
+  if (n <= 0) return;
+  Seq& s = *seqs_[id];
+  const int gm = cfg_.gram;
+  const bool was_empty = s.tokens.empty();
+  Group* gs[2] = {nullptr, nullptr};
+  for (int which = 0; which < 2; ++which) {
+    if (which == 0 ? !cfg_.share_siblings : !cfg_.share_batch) continue;
+    gs[which] = group_of(id, which);
+    if (was_empty) gs[which]->nonempty += 1;
+    gs[which]->tokens += n;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t t = tokens[i];
+    s.tokens.push_back(t);
+    for (int which = 0; which < 2; ++which)
+      if (gs[which]) gs[which]->sam.append(s.cursor[which], t);
+    if (static_cast<int64_t>(s.tokens.size()) >= gm) {
+      const uint64_t k = gram_key(s.tokens.data() + s.tokens.size() - gm, gm);
+      if (!s.grams.find(k)) {
+        s.grams[k] = 1;
+        for (int which = 0; which < 2; ++which)
+          if (gs[which]) gs[which]->gram_counts[k] += 1;
+      }
+    }
+  }
+  running_tokens_ += n;
+}
+
+LivePool::Group* LivePool::group_of(int32_t id, int which) {
+  if (which == 0 ? !cfg_.share_siblings : !cfg_.share_batch) return nullptr;
+  const uint64_t key = key_of(id, which);
+  auto it = groups_.find(key);
+  if (it == groups_.end()) return nullptr;
+  Group& g = *it->second;
+  if (g.dirty) rebuild(key, g);
+  return &g;
+}
+
+void LivePool::rebuild(uint64_t key, Group& g) {
+  const int which = key == kBatchGroup ? 1 : 0;
+  g.sam.clear();
+  g.gram_counts.reset();
+  g.nonempty = 0;
+  g.tokens = 0;
+  for (int32_t id : g.members) {
+    Seq& s = *seqs_[id];
+    Automaton::Cursor cur;
+    for (int32_t t : s.tokens) g.sam.append(cur, t);
+    s.cursor[which] = cur;  // kept for running members; harmless for finished ones
+    s.grams.for_each([&](uint64_t k, char) { g.gram_counts[k] += 1; });
+    g.nonempty += !s.tokens.empty();
+    g.tokens += static_cast<int64_t>(s.tokens.size());
+  }
+  g.dirty = false;
+  ++rebuilds_;
+}
+
+void LivePool::stop(int32_t id, int64_t output_len) {
+  Seq& s = *seqs_[id];
+  running_tokens_ -= static_cast<int64_t>(s.tokens.size());
+  s.finished = true;
+  if (output_len == 0) {
+    drop(id);
+    return;
+  }
+  finished_tokens_ += static_cast<int64_t>(s.tokens.size());
+  s.lingering = true;
+  lingering_.emplace_back(id, s.generation);
+  ++lingering_count_;
+  enforce_bounds();
+}
+
+void LivePool::enforce_bounds() {
+  const int64_t max_n = cfg_.max_lingering, max_t = cfg_.live_token_budget;
+  if (static_cast<int64_t>(lingering_count_) <= max_n && finished_tokens_ <= max_t) return;
+  while (!lingering_.empty() &&
+         (static_cast<int64_t>(lingering_count_) > max_n / 2 || finished_tokens_ > max_t / 2)) {
+    auto [id, gen] = lingering_.front();
+    lingering_.pop_front();
+    Seq& s = *seqs_[id];
+    if (!s.alive || !s.lingering || s.generation != gen) continue;  // released already, or the id was reused
+    drop(id);
+    ++evicted_;
+  }
+}
+
+void LivePool::drop(int32_t id) {
+  Seq& s = *seqs_[id];
+  if (!s.alive) return;
+  unlinger(s);
+  for (int which = 0; which < 2; ++which) {
+    if (which == 0 ? !cfg_.share_siblings : !cfg_.share_batch) continue;
+    const uint64_t key = key_of(id, which);
+    auto it = groups_.find(key);
+    if (it == groups_.end()) continue;
+    Group& g = *it->second;
+    g.members.erase(std::find(g.members.begin(), g.members.end(), id));
+    if (g.members.empty()) {
+      groups_.erase(it);
+    } else {
+      g.dirty = true;
+    }
+  }
+  s.alive = false;
+  free_.push_back(id);
+}
+
+void LivePool::unlinger(Seq& s) {
+  if (!s.lingering) return;
+  s.lingering = false;
+  finished_tokens_ -= static_cast<int64_t>(s.tokens.size());
+  --lingering_count_;
+}
+
+int64_t LivePool::release_finished(const std::vector<uint64_t>& problems) {
+  int64_t dropped = 0;
+  for (uint64_t p : problems) {
+    auto it = groups_.find(cfg_.share_siblings ? p : kBatchGroup);
+    if (it == groups_.end()) continue;
+    std::vector<int32_t> victims;
+    for (int32_t id : it->second->members)
+      if (seqs_[id]->finished && seqs_[id]->problem == p) victims.push_back(id);
+    for (int32_t id : victims) {
+      drop(id);
+      ++dropped;
+    }
+  }
+  if (lingering_.size() > 2 * lingering_count_ + 1024) {  // released entries are stale: keep the queue O(live)
+    std::deque<std::pair<int32_t, uint32_t>> keep;
+    for (const auto& e : lingering_) {
+      const Seq& s = *seqs_[e.first];
+      if (s.alive && s.lingering && s.generation == e.second) keep.push_back(e);
+    }
+    lingering_.swap(keep);
+  }
+  return dropped;
+}
+
+void LivePool::clear() {
+  seqs_.clear();
+  free_.clear();
+  groups_.clear();
+  lingering_.clear();
+  lingering_count_ = 0;
+  running_tokens_ = finished_tokens_ = 0;
+}
+
+int64_t LivePool::sibling_groups() const {
+  int64_t n = 0;
+  for (const auto& kv : groups_) n += kv.first != kBatchGroup;
+  return n;
+}
+
+size_t LivePool::bytes() const {
+  size_t b = 0;
+  for (const auto& kv : groups_) {
+    const Group& g = *kv.second;
+    b += g.sam.bytes() + g.gram_counts.bytes() + g.members.capacity() * sizeof(int32_t) + sizeof(Group);
+  }
+  for (const auto& s : seqs_)
+    if (s) b += s->tokens.capacity() * sizeof(int32_t) + s->grams.bytes() + sizeof(Seq);
+  return b;
+}
+
+}  // namespace das

@@ -1,0 +1,104 @@
+// Live (in-flight) sources shared between requests: per problem the running siblings' outputs, and across problems
+// the running batch's outputs (DAS: "a group's siblings share a prompt"; vLLM suffix's active responses). Each group
+// is an Automaton over its members' sequences (prompt tail + output) plus, per g-gram, the number of members
+// containing it (support). Finished members linger, visible, until their problem's rollouts enter the history
+// (release_finished) or the lingering bounds push them out; an automaton cannot forget a sequence, so a group
+// that lost members is rebuilt from the rest before its next use.
+//
+// Lingering bounds (same rule as das_trl/drafter/live.py): when the finished sequences exceed max_lingering
+// sequences or live_token_budget tokens, the oldest are dropped (stop order) until both are at most half of their
+// bound, so a group is rebuilt at most once per half-bound of new finished tokens.
+// Not thread-safe; the drafter locks.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "automaton.h"
+#include "flat_map.h"
+
+namespace das {
+
+struct LiveConfig {
+  int depth = 32;
+  int gram = 3;
+  int prompt_tail = 32;
+  bool share_siblings = true;
+  bool share_batch = true;
+  int64_t max_lingering = 4096;
+  int64_t live_token_budget = 4'000'000;
+};
+
+// Group key of the cross-problem batch group (problem keys are < 2**63).
+constexpr uint64_t kBatchGroup = ~0ULL;
+
+class LivePool {
+ public:
+  struct Seq {
+    std::vector<int32_t> tokens;  // prompt tail + output
+    FlatMap<char> grams;          // its distinct g-gram keys
+    uint64_t problem = 0;
+    bool finished = false;
+    bool alive = false;
+    bool lingering = false;  // finished and counted in the lingering totals
+    uint32_t generation = 0;  // bumped when the id is reused (lingering queue entries carry it)
+    // Cursors in its groups while running: [0] siblings, [1] batch.
+    Automaton::Cursor cursor[2];
+  };
+  struct Group {
+    explicit Group(int depth) : sam(depth) {}
+    Automaton sam;
+    FlatMap<int32_t> gram_counts;  // gram key -> members containing it
+    std::vector<int32_t> members;  // sequence ids
+    int64_t nonempty = 0;          // members holding >= 1 token (arctic's num_seqs)
+    int64_t tokens = 0;
+    bool dirty = false;            // lost a member: rebuild before use
+  };
+
+  explicit LivePool(const LiveConfig& cfg) : cfg_(cfg) {}
+
+  // A running request joins its problem's sibling group and the batch group; returns its sequence id (-1 if no
+  // group is on).
+  int32_t start(uint64_t problem, const int32_t* prompt, int64_t prompt_len);
+  void extend(int32_t seq, const int32_t* tokens, int64_t n);
+  // The request stopped: its sequence lingers (or is dropped at once when its output is empty).
+  void stop(int32_t seq, int64_t output_len);
+  // Drops the finished sequences of these problems (their rollouts just entered the history).
+  int64_t release_finished(const std::vector<uint64_t>& problems);
+  void clear();
+
+  // The group a running sequence is in ([0] siblings, [1] batch), rebuilt first if needed; nullptr if none.
+  Group* group_of(int32_t seq, int which);
+  const Seq& seq(int32_t id) const { return *seqs_[id]; }
+  Seq& seq(int32_t id) { return *seqs_[id]; }
+
+  int64_t running_tokens() const { return running_tokens_; }
+  int64_t finished_tokens() const { return finished_tokens_; }
+  int64_t finished_sequences() const { return static_cast<int64_t>(lingering_count_); }
+  int64_t sibling_groups() const;
+  int64_t rebuilds() const { return rebuilds_; }
+  int64_t evicted() const { return evicted_; }
+  size_t bytes() const;
+
+ private:
+  Group& group(uint64_t key);
+  void add_tokens(int32_t seq, const int32_t* tokens, int64_t n);
+  void drop(int32_t seq);
+  void unlinger(Seq& s);
+  void rebuild(uint64_t key, Group& g);
+  void enforce_bounds();
+  uint64_t key_of(int32_t seq, int which) const { return which == 0 ? seqs_[seq]->problem : kBatchGroup; }
+
+  LiveConfig cfg_;
+  std::vector<std::unique_ptr<Seq>> seqs_;
+  std::vector<int32_t> free_;
+  std::unordered_map<uint64_t, std::unique_ptr<Group>> groups_;
+  std::deque<std::pair<int32_t, uint32_t>> lingering_;  // (id, generation) in stop order; stale entries skipped
+  size_t lingering_count_ = 0;
+  int64_t running_tokens_ = 0, finished_tokens_ = 0, rebuilds_ = 0, evicted_ = 0;
+};
+
+}  // namespace das

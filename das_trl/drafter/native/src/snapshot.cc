@@ -1,0 +1,122 @@
+#include "snapshot.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "automaton.h"
+
+namespace das {
+
+Snapshot::Snapshot(const SequenceSet& seqs, int depth, int gram, uint64_t version)
+    : depth_(depth), gram_(gram), version_(version) {
+  // 1. Structure, and each position's weight on the state of its prefix.
+  Automaton a(depth, /*online_counts=*/false);
+  std::vector<int64_t> own;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    Automaton::Cursor cur;
+    const int32_t w = seqs.weights.empty() ? 1 : seqs.weights[i];
+    for (int64_t p = seqs.offsets[i]; p < seqs.offsets[i + 1]; ++p) {
+      a.append(cur, seqs.tokens[p], w);
+      if (own.size() < a.num_states()) own.resize(a.num_states(), 0);
+      own[cur.last] += w;
+    }
+    num_tokens_ += seqs.offsets[i + 1] - seqs.offsets[i];
+  }
+  num_sequences_ = static_cast<int64_t>(seqs.size());
+  const auto& st = a.states();
+  const auto& edges = a.edges();
+  const int32_t n = static_cast<int32_t>(st.size());
+  own.resize(n, 0);
+  // 2. Counts: sum over the suffix-link tree, longest states first (counting sort by len).
+  int32_t max_len = 0;
+  for (const auto& x : st) max_len = std::max(max_len, x.len);
+  std::vector<int32_t> bucket(max_len + 2, 0), order(n);
+  for (const auto& x : st) ++bucket[x.len + 1];
+  for (int32_t i = 1; i <= max_len + 1; ++i) bucket[i] += bucket[i - 1];
+  for (int32_t s = 0; s < n; ++s) order[bucket[st[s].len]++] = s;
+  for (int32_t i = n - 1; i > 0; --i) {
+    int32_t s = order[i];
+    own[st[s].link] += own[s];
+  }
+  // 3. Keep the states holding a string of length <= depth (minlen = len(link) + 1 <= depth), renumbered.
+  std::vector<int32_t> id(n, -1);
+  int32_t m = 0;
+  for (int32_t i = 0; i < n; ++i) {
+    int32_t s = order[i];  // shortest first: the root is 0 again
+    if (s == 0 || st[st[s].link].len < depth) id[s] = m++;
+  }
+  len_.resize(m);
+  link_.resize(m);
+  cnt_.resize(m);
+  best_.assign(m, -1);
+  distinct_.assign(m, 0);
+  edge_begin_.assign(m + 1, 0);
+  std::vector<int32_t> old_of(m);
+  for (int32_t s = 0; s < n; ++s) {
+    if (id[s] < 0) continue;
+    int32_t t = id[s];
+    old_of[t] = s;
+    len_[t] = st[s].len;
+    link_[t] = s == 0 ? -1 : id[st[s].link];
+    cnt_[t] = static_cast<int32_t>(std::min<int64_t>(own[s], INT32_MAX));
+  }
+  // 4. Edges between kept states, sorted by token; the best one per state (largest count, then smallest token).
+  std::vector<std::pair<int32_t, int32_t>> buf;
+  for (int32_t t = 0; t < m; ++t) {
+    buf.clear();
+    int32_t s = old_of[t];
+    for (int32_t e = st[s].first_edge; e >= 0; e = edges[e].next)
+      if (id[edges[e].target] >= 0) buf.emplace_back(edges[e].token, id[edges[e].target]);
+    std::sort(buf.begin(), buf.end());
+    edge_begin_[t] = static_cast<int32_t>(etok_.size());
+    int32_t best_cnt = -1;
+    for (const auto& [tok, tgt] : buf) {
+      if (cnt_[tgt] > best_cnt) {
+        best_cnt = cnt_[tgt];
+        best_[t] = static_cast<int32_t>(etok_.size());
+      }
+      etok_.push_back(tok);
+      etgt_.push_back(tgt);
+    }
+  }
+  edge_begin_[m] = static_cast<int32_t>(etok_.size());
+  etok_.shrink_to_fit();
+  etgt_.shrink_to_fit();
+  // 5. Support: for each g-gram state, the distinct sequences with a position whose g-long suffix it holds.
+  std::vector<int32_t> last_seq(m, -1);
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    int32_t v = 0;
+    int64_t l = 0;
+    for (int64_t p = seqs.offsets[i]; p < seqs.offsets[i + 1]; ++p) {
+      int32_t c = seqs.tokens[p];
+      // The whole sequence is in the automaton, so its capped match is always min(gram, prefix) long. Capping at
+      // gram - 1 before advancing keeps v on states whose edges survived the pruning (gram <= depth).
+      if (l > gram_ - 1) {
+        l = gram_ - 1;
+        while (v != 0 && len_[link_[v]] >= l) v = link_[v];
+      }
+      int32_t nx = find(v, c);
+      while (nx < 0 && v != 0) {
+        v = link_[v];
+        l = len_[v];
+        nx = find(v, c);
+      }
+      if (nx < 0) { v = 0; l = 0; continue; }  // unreachable: every token of a built sequence has an edge
+      v = nx;
+      ++l;
+      if (l == gram_ && last_seq[v] != static_cast<int32_t>(i)) {
+        last_seq[v] = static_cast<int32_t>(i);
+        ++distinct_[v];
+      }
+    }
+  }
+}
+
+size_t Snapshot::bytes() const {
+  size_t b = 0;
+  for (const auto* v : {&len_, &link_, &cnt_, &edge_begin_, &best_, &distinct_, &etok_, &etgt_})
+    b += v->capacity() * sizeof(int32_t);
+  return b + sizeof(*this);
+}
+
+}  // namespace das

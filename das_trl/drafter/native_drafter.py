@@ -1,0 +1,315 @@
+"""NativeDASDrafter: the DAS drafter with its per-round work in C++ (``das_trl/drafter/native``).
+
+Same public interface and semantics as :class:`~das_trl.drafter.drafter.DASDrafter` (the pure-Python reference,
+which tests compare it with), plus what the speed needs:
+
+* **One call per engine step.** :meth:`propose_batch` drafts every row in one native call that releases the GIL,
+  into preallocated arrays.
+* **Match state kept per request.** Each request's position in its problem's and the global history automaton is
+  advanced by the tokens it gained, not re-matched from the context every round; the live sources (own text,
+  running siblings, running batch) are suffix automata the request's own tokens extend.
+* **History builds off the interpreter.** A push updates the window bookkeeping (``RolloutHistory``, Python, cheap),
+  then hands copies of the changed problems' sequences to native builder threads; requests keep drafting from the
+  previous snapshots until the new ones are swapped in.
+
+Documented differences to the reference: ties between equally frequent continuations go to the smallest token id
+(arctic takes whichever its hash map yields first; the reference matches with ``tree_factory=ReferenceSuffixTree``);
+history support counts are exact (the reference's count-min table can over-count on hash collisions); ``propose``
+drafts from the request's own prompt + extended tokens and ignores ``context``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Sequence
+
+import numpy as np
+
+from . import native as _native
+from .arbitration import SOURCE_ORDER
+from .calibration import MATCH_BUCKETS
+from .config import DrafterConfig
+from .draft_batch import DraftBatch
+from .drafter import _as_tokens, group_rollouts
+from .history import RolloutHistory
+from .problem_key import problem_key as _problem_key
+
+_GLOBAL_KEY = 2**64 - 1  # HistoryIndex::kGlobalKey
+
+
+class NativeDASDrafter:
+    """DAS drafter backed by the native core. See the module docstring and :class:`DASDrafter` for every method.
+
+    Args:
+        config: :class:`DrafterConfig` (defaults if ``None``); ``builder_threads`` native threads build history.
+
+    Raises:
+        ImportError: the native core is not built (the message says how to build it).
+        ValueError: a config the native core cannot hold (e.g. ``max_spec_tokens`` > 64).
+
+    Thread-safety: every method may be called from any thread; the native core has its own lock and releases the GIL
+    while drafting and while waiting for history builds.
+    """
+
+    def __init__(self, config: DrafterConfig | None = None) -> None:
+        self.config = config if config is not None else DrafterConfig()
+        self._mod = _native.load()
+        c = self.config
+        self._core = self._mod.Drafter({
+            "max_tree_depth": c.max_tree_depth, "match_context_tokens": c.match_context_tokens,
+            "max_spec_tokens": c.max_spec_tokens, "max_spec_factor": float(c.max_spec_factor),
+            "max_spec_offset": float(c.max_spec_offset), "min_token_prob": float(c.min_token_prob),
+            "min_match_len": c.min_match_len, "use_problem_tree": c.use_problem_tree,
+            "use_global_tree": c.use_global_tree, "use_local_tree": c.use_local_tree,
+            "share_running_siblings": c.share_running_siblings, "share_running_batch": c.share_running_batch,
+            "prompt_tail_tokens": c.prompt_tail_tokens, "max_lingering_finished": c.max_lingering_finished,
+            "live_token_budget": getattr(c, "live_token_budget", 4_000_000), "support_ngram": c.support_ngram,
+            "evidence_pseudocount": float(c.evidence_pseudocount),
+            "match_len_pseudocount": float(c.match_len_pseudocount),
+            "truncate_by_evidence": c.truncate_by_evidence, "calibrate_acceptance": c.calibrate_acceptance,
+            "calibration_pseudocount": float(c.calibration_pseudocount),
+            "calibration_step_decay": float(c.calibration_step_decay),
+            "builder_threads": int(getattr(c, "builder_threads", 1)),
+        })
+        self._lock = threading.RLock()
+        self._clear_python()
+
+    def _clear_python(self) -> None:
+        self._history = RolloutHistory(self.config.window, self.config.history_token_budget)
+        self._slots: dict[str, int] = {}
+        self._free: list[int] = []
+        self._requests_started = 0
+
+    # ------------------------------------------------------------------ history
+    def add_rollouts(self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
+                     problem_keys: Sequence[int] | None = None, *, background: bool = False) -> dict:
+        """Push one GRPO step's rollouts (see :meth:`DASDrafter.add_rollouts`). The changed problems' automata and
+        the global one are rebuilt on native threads; ``background=False`` waits for them.
+
+        Raises:
+            ValueError: bad input (nothing is changed).
+        """
+        groups, summary = group_rollouts(prompts, completions, problem_keys)
+        tail_n = self.config.prompt_tail_tokens
+        with self._lock:
+            changed: set[int] = set()
+            pushed: list[int] = []
+            for key, (prompt, comps) in groups.items():
+                if not comps:
+                    continue
+                evicted = self._history.add(key, comps, prompt[-tail_n:] if tail_n else prompt[:0])
+                pushed.append(key)
+                changed.add(key)
+                changed.update(k for k, _ in evicted)
+                summary["evicted"] = summary.get("evicted", 0) + len(evicted)
+            summary.setdefault("evicted", 0)
+            if pushed:
+                self._core.release_finished(pushed)
+                self._core.new_step()  # one push = one training step: older acceptance evidence weighs less
+            if self.config.use_problem_tree:
+                for key in changed:
+                    self._submit_problem(key)
+            if self.config.use_global_tree and changed:
+                self._submit_global()
+        if background:
+            summary["queued"] = True
+        else:
+            self._core.wait_history(-1.0)
+        return summary
+
+    def _pack(self, seqs: list[np.ndarray], weights: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        lens = np.fromiter((len(s) for s in seqs), dtype=np.int64, count=len(seqs))
+        offsets = np.zeros(len(seqs) + 1, np.int64)
+        np.cumsum(lens, out=offsets[1:])
+        tokens = np.concatenate(seqs).astype(np.int32, copy=False) if seqs else np.zeros(0, np.int32)
+        return tokens, offsets, np.asarray(weights, dtype=np.int32)
+
+    def _submit_problem(self, key: int) -> None:
+        apps = list(self._history.appearances(key))
+        if not apps:
+            self._core.drop_history(key)
+            return
+        seqs, weights = [], []
+        w_new = self.config.recent_appearance_weight
+        for i, app in enumerate(apps):
+            w = w_new if i == len(apps) - 1 else 1
+            for comp in app.completions:
+                seqs.append(np.concatenate([app.prompt_tail, comp]))
+                weights.append(w)
+        self._core.submit_history(key, *self._pack(seqs, weights))
+
+    def _submit_global(self) -> None:
+        k = self.config.global_samples_per_appearance
+        seqs = []
+        for app in self._history.appearances():
+            comps = app.completions if k == 0 else app.completions[:k]
+            seqs.extend(np.concatenate([app.prompt_tail, c]) for c in comps)
+        if not seqs:
+            self._core.drop_history(_GLOBAL_KEY)
+            return
+        self._core.submit_history(_GLOBAL_KEY, *self._pack(seqs, [1] * len(seqs)))
+
+    def wait_for_updates(self, timeout: float | None = None) -> bool:
+        """Block until every queued history build is applied (``timeout`` seconds at most; ``None``: no limit).
+        Returns True when nothing is pending."""
+        return bool(self._core.wait_history(-1.0 if timeout is None else float(timeout)))
+
+    # ------------------------------------------------------------------ requests
+    def start_request(self, request_id: str, prompt_token_ids: Sequence[int] | np.ndarray,
+                      problem_key: int | None = None) -> None:
+        """Begin drafting for a request. Raises ``ValueError`` (already active, bad ids or key)."""
+        prompt = _as_tokens(prompt_token_ids, "prompt_token_ids")
+        key = _problem_key(prompt) if problem_key is None else int(problem_key)
+        if not 0 <= key < 2**63:
+            raise ValueError(f"problem_key must be an int in [0, 2**63), got {problem_key!r}")
+        with self._lock:
+            if request_id in self._slots:
+                raise ValueError(f"request {request_id!r} is already active")
+            slot = self._free.pop() if self._free else len(self._slots) + len(self._free)
+            while slot in self._slots.values():  # only after reset-free reuse patterns; cheap in practice
+                slot += 1
+            self._core.start(slot, prompt, key)
+            self._slots[request_id] = slot
+            self._requests_started += 1
+
+    def _slot(self, request_id: str) -> int:
+        slot = self._slots.get(request_id)
+        if slot is None:
+            raise KeyError(f"request {request_id!r} is not active (call start_request first)")
+        return slot
+
+    def extend_request(self, request_id: str, new_token_ids: Sequence[int] | np.ndarray) -> None:
+        """Append tokens to a request's output. Raises ``KeyError`` (unknown) or ``ValueError`` (bad ids)."""
+        tokens = _as_tokens(new_token_ids, "new_token_ids")
+        with self._lock:
+            self._core.extend(self._slot(request_id), tokens)
+
+    def stop_request(self, request_id: str) -> None:
+        """End a request (its output lingers for siblings). Raises ``KeyError`` if unknown."""
+        with self._lock:
+            slot = self._slot(request_id)
+            self._core.stop(slot)
+            del self._slots[request_id]
+            self._free.append(slot)
+
+    def problem_of(self, request_id: str) -> int:
+        """Problem key of an active request. Raises ``KeyError`` if it is not active."""
+        with self._lock:
+            return int(self._core.problem_of(self._slot(request_id)))
+
+    def history_problems(self) -> list[int]:
+        """Keys of the problems with history (a new list)."""
+        with self._lock:
+            return self._history.problems()
+
+    def history_lengths(self, problem_key: int) -> np.ndarray:
+        """Completion lengths (``np.int64``, oldest first) in a problem's window; empty if unknown."""
+        with self._lock:
+            return self._history.lengths(problem_key)
+
+    @property
+    def active_requests(self) -> set[str]:
+        """Ids of requests started and not stopped (a new set)."""
+        with self._lock:
+            return set(self._slots)
+
+    # ------------------------------------------------------------------ drafting
+    def propose(self, request_id: str, context: np.ndarray | Sequence[int] | None, max_tokens: int) -> list[int]:
+        """Draft the next tokens of one request (``context`` is ignored: the request's own text is used).
+
+        Raises:
+            KeyError: unknown request.
+        """
+        return self.propose_batch([request_id], [max_tokens]).row(0)
+
+    def propose_batch(self, request_ids: Sequence[str], max_tokens: Sequence[int] | np.ndarray,
+                      contexts: Sequence | None = None) -> DraftBatch:
+        """Drafts of many requests in one native call (see :meth:`DASDrafter.propose_batch`; ``contexts`` ignored).
+
+        Raises:
+            KeyError: an unknown request (no row was drafted). ValueError: length mismatch.
+        """
+        n = len(request_ids)
+        budgets = np.asarray(max_tokens, dtype=np.int64).reshape(-1)
+        if len(budgets) != n:
+            raise ValueError(f"propose_batch: {n} request_ids but {len(budgets)} max_tokens")
+        out = DraftBatch.empty(n, self.config.max_spec_tokens)
+        with self._lock:
+            slots = np.fromiter((self._slot(r) for r in request_ids), dtype=np.int32, count=n)
+        self._core.propose(slots, np.clip(budgets, -1, 2**31 - 1).astype(np.int32), out.tokens, out.accept,
+                           out.lengths, out.source, out.match_len)
+        return out
+
+    def record_acceptance(self, request_id: str, num_accepted: int, num_verified: int | None = None) -> None:
+        """Report the verification outcome of a request's last draft (see :meth:`DASDrafter.record_acceptance`);
+        unknown requests and reports without a draft outstanding are ignored."""
+        with self._lock:
+            slot = self._slots.get(request_id)
+            if slot is None:
+                return
+            self._core.record_acceptance(slot, int(num_accepted), -1 if num_verified is None else int(num_verified))
+
+    def calibration(self) -> dict[str, list[list[float]]]:
+        """Observed/predicted ratios, source -> [match-length bucket][prior bin]; ``{}`` when calibration is off."""
+        if not self.config.calibrate_acceptance:
+            return {}
+        bins = 10
+        return {name: [[round(self._core.calibration_ratio(i, b, x), 3) for x in range(bins)]
+                       for b in range(len(MATCH_BUCKETS) + 1)] for i, name in enumerate(SOURCE_ORDER)}
+
+    # ------------------------------------------------------------------ bookkeeping
+    def stats(self) -> dict:
+        """The reference drafter's stats keys plus the native core's memory figures: ``index_bytes`` (problem
+        automata), ``global_bytes``, ``live_bytes`` (own-text, sibling and batch automata, sequences and gram sets),
+        ``bytes_per_history_token`` ((index + global) bytes / history tokens), ``live_running_tokens``,
+        ``live_finished_tokens`` (lingering finished outputs), ``live_evicted``, ``live_rebuilds``."""
+        with self._lock:
+            out = self._history.stats()
+        s = self._core.stats()
+        wins = Counter({name: int(s["wins"][i]) for i, name in enumerate(SOURCE_ORDER)})
+        history_tokens = max(1, out["tokens"])
+        out.update(
+            problem_trees=s["index_problems"], global_seqs=None, support_table_bytes=0,
+            active_requests=s["active_requests"], sibling_groups=s["sibling_groups"],
+            lingering_finished=s["lingering_finished"], proposals=s["proposals"], drafts=s["drafts"],
+            draft_tokens=s["draft_tokens"], requests=s["requests"], wins=dict(wins),
+            verified_drafts=s["verified_drafts"], accepted_tokens=s["accepted_tokens"],
+            calibration_tokens=s["calibration_tokens"], pending_updates=s["pending_updates"],
+            update_errors=s["update_errors"], update_seconds=s["update_seconds"],
+            index_bytes=s["index_bytes"], global_bytes=s["global_bytes"], live_bytes=s["live_bytes"],
+            bytes_per_history_token=(s["index_bytes"] + s["global_bytes"]) / history_tokens if out["tokens"] else 0.0,
+            live_running_tokens=s["live_running_tokens"], live_finished_tokens=s["live_finished_tokens"],
+            live_evicted=s["live_evicted"], live_rebuilds=s["live_rebuilds"], backend="native")
+        out["global_seqs"] = out.pop("global_seqs") or 0
+        return out
+
+    def reset(self) -> None:
+        """Drop history, automata, live requests and counters (config kept)."""
+        with self._lock:
+            self._core.clear_history()
+            self._core.reset_requests()
+            self._clear_python()
+
+    def state_dict(self) -> dict:
+        """``{"history": RolloutHistory.to_state(), "config": dict}`` (as the reference drafter)."""
+        with self._lock:
+            return {"history": self._history.to_state(), "config": self.config.to_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Replace the history with a saved one and rebuild the automata (waits for them). Live requests are kept.
+        Raises ``ValueError`` on a malformed state."""
+        hist = RolloutHistory.from_state(state["history"], self.config.window, self.config.history_token_budget)
+        with self._lock:
+            old = set(self._history.problems())
+            self._history = hist
+            if self.config.use_problem_tree:
+                for key in old | set(hist.problems()):
+                    self._submit_problem(key)
+            if self.config.use_global_tree:
+                self._submit_global()
+        self._core.wait_history(-1.0)
+
+    def check(self) -> str:
+        """Native structural self-check (tests): ``""`` when consistent."""
+        return self._core.check()
