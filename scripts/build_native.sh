@@ -12,7 +12,7 @@ NB_DIR="$("$PY" -m nanobind --cmake_dir)" || {
   echo "[das-trl] build_native: nanobind is missing; run: $PY -m pip install nanobind==2.9.2 cmake ninja" >&2; exit 1; }
 GEN=()
 command -v ninja >/dev/null 2>&1 && GEN=(-G Ninja)
-cmake -S "$SRC" -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -Dnanobind_DIR="$NB_DIR" \
+cmake -S "$SRC" -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -Dnanobind_DIR="$NB_DIR" \
   -DPython_EXECUTABLE="$("$PY" -c 'import sys; print(sys.executable)')" >/dev/null
 cmake --build "$BUILD" --parallel "${DAS_TRL_BUILD_JOBS:-2}"
 ls "$SRC"/_das_native*.so >/dev/null

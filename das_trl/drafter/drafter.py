@@ -389,6 +389,76 @@ class DASDrafter:
             out.match_len[i] = best.match_len
         return out
 
+    def step(self, request_ids: Sequence[str], token_matrix: np.ndarray, rows: np.ndarray, num_tokens: np.ndarray,
+             num_prompt: np.ndarray, num_sampled: np.ndarray, num_verified: np.ndarray,
+             max_tokens: np.ndarray) -> DraftBatch:
+        """One engine step for active requests whose texts live in a token matrix (vLLM's ``token_ids_cpu``).
+
+        Row ``i`` is ``request_ids[i]``, with text ``token_matrix[rows[i], :num_tokens[i]]`` (prompt of
+        ``num_prompt[i]`` tokens) and ``num_sampled[i] >= 1`` tokens gained this step. Per row: the previous draft's
+        verification is reported (``accepted = min(verified, num_sampled - 1)``, ``verified`` = the draft length as
+        sent, capped by ``num_verified[i]`` when ``>= 0``); the output tokens not yet seen are appended (a request
+        whose output shrank, i.e. was preempted and recomputed, is restarted from its prompt); then every row is
+        drafted with budget ``max_tokens[i]`` (:meth:`propose_batch`).
+
+        Args:
+            token_matrix: ``int [R, L]``; rows, num_tokens, num_prompt, num_sampled, num_verified, max_tokens:
+                ``int [n]``.
+
+        Raises:
+            KeyError: an unknown request. ValueError: shapes or lengths out of range (nothing changed).
+        """
+        n = len(request_ids)
+        cols = [np.asarray(a, dtype=np.int64).reshape(-1) for a in
+                (rows, num_tokens, num_prompt, num_sampled, num_verified, max_tokens)]
+        if any(len(a) != n for a in cols) or np.ndim(token_matrix) != 2:
+            raise ValueError(f"step: {n} request_ids, every array needs n entries and token_matrix 2 dims")
+        rows_, nt, npr, ns, nv, mt = cols
+        R, L = np.shape(token_matrix)
+        bad = (rows_ < 0) | (rows_ >= R) | (npr < 0) | (npr > nt) | (nt > L) | (ns < 0)
+        if bad.any():
+            i = int(np.nonzero(bad)[0][0])
+            raise ValueError(f"step: row {i} has matrix row {rows_[i]}, num_prompt {npr[i]}, num_tokens {nt[i]} "
+                             f"(matrix {R} x {L})")
+        with self._engine_lock():
+            for rid in request_ids:
+                if rid not in self._live:
+                    raise KeyError(f"request {rid!r} is not active (call start_request first)")
+            for i, rid in enumerate(request_ids):
+                text = token_matrix[rows_[i]]
+                prompt_len, out_len = self._live.lengths(rid)
+                num_output = int(nt[i] - npr[i])
+                if out_len > num_output or prompt_len != npr[i]:
+                    key = self._live.problem_of(rid)
+                    self.stop_request(rid)
+                    self.start_request(rid, text[:npr[i]], problem_key=key)
+                    out_len = 0
+                else:
+                    pending = self._unverified.get(rid)
+                    if pending is not None and ns[i] > 0:
+                        verified = len(pending[2]) if nv[i] < 0 else min(len(pending[2]), int(nv[i]))
+                        self.record_acceptance(rid, min(verified, int(ns[i]) - 1), verified)
+                if num_output > out_len:
+                    self.extend_request(rid, text[npr[i] + out_len:nt[i]])
+            return self.propose_batch(request_ids, mt)
+
+    def trim(self, request_ids: Sequence[str], lengths: Sequence[int] | np.ndarray) -> None:
+        """Cut each request's outstanding draft to ``lengths[i]`` tokens: what was really sent for verification
+        (e.g. after the budget controller). Counters follow (a draft cut to 0 is no draft). Unknown ids are ignored."""
+        with self._engine_lock():
+            for rid, keep in zip(request_ids, np.asarray(lengths, dtype=np.int64).tolist()):
+                pending = self._unverified.get(rid)
+                if pending is None or len(pending[2]) <= keep:
+                    continue
+                source, match_len, prior = pending
+                self._draft_tokens -= len(prior) - max(keep, 0)
+                if keep <= 0:
+                    self._drafts -= 1
+                    self._wins[source] -= 1
+                    del self._unverified[rid]
+                else:
+                    self._unverified[rid] = (source, match_len, prior[:keep])
+
     def _propose_one(self, request_id: str, context, max_tokens: int):
         cfg = self.config
         if context is None:

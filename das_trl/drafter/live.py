@@ -57,6 +57,7 @@ class _Request:
     groups: list[_Membership]
     output_len: int = 0
     context: list[int] = field(default_factory=list)  # last match_context_tokens of prompt + output
+    prompt_len: int = 0
 
 
 # Group key of the cross-problem batch tree (problem keys are >= 0, so it cannot clash).
@@ -92,6 +93,11 @@ class LivePool:
         """Problem key of an active request. Raises ``KeyError`` if not active."""
         return self._reqs[request_id].problem_key
 
+    def lengths(self, request_id: str) -> tuple[int, int]:
+        """``(prompt tokens, output tokens)`` of an active request. ``KeyError`` if unknown."""
+        req = self._reqs[request_id]
+        return req.prompt_len, req.output_len
+
     def context_tail(self, request_id: str) -> list[int]:
         """Last ``match_context_tokens`` tokens of a request's prompt + output (a new list). ``KeyError`` if unknown."""
         return list(self._reqs[request_id].context)
@@ -111,7 +117,7 @@ class LivePool:
                 gram = tuple(p[i:i + g])
                 counts[gram] = counts.get(gram, 0) + 1
         req = _Request(problem_key, local, counts, prompt[-(g - 1):].tolist(), [],
-                       context=prompt[-self.cfg.match_context_tokens:].tolist())
+                       context=prompt[-self.cfg.match_context_tokens:].tolist(), prompt_len=len(prompt))
         tail = prompt[-self.cfg.prompt_tail_tokens:] if self.cfg.prompt_tail_tokens else prompt[:0]
         joins = []
         if self.cfg.share_running_siblings:

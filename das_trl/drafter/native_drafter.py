@@ -241,6 +241,39 @@ class NativeDASDrafter:
                            out.lengths, out.source, out.match_len)
         return out
 
+    def step(self, request_ids: Sequence[str], token_matrix: np.ndarray, rows: np.ndarray, num_tokens: np.ndarray,
+             num_prompt: np.ndarray, num_sampled: np.ndarray, num_verified: np.ndarray,
+             max_tokens: np.ndarray) -> DraftBatch:
+        """One engine step in one native call (see :meth:`DASDrafter.step`): verification reports, new tokens read
+        in place from ``token_matrix`` (``int32 [R, L]``, C-contiguous; other layouts are copied), drafts.
+
+        Raises:
+            KeyError: an unknown request. ValueError: shapes or lengths out of range (nothing changed).
+        """
+        n = len(request_ids)
+        out = DraftBatch.empty(n, self.config.max_spec_tokens)
+        i32 = (lambda a: np.ascontiguousarray(np.asarray(a).reshape(-1), dtype=np.int32))
+        cols = [i32(a) for a in (rows, num_tokens, num_prompt, num_sampled, num_verified,
+                                 np.clip(np.asarray(max_tokens, dtype=np.int64), -1, 2**31 - 1))]
+        if any(len(a) != n for a in cols):
+            raise ValueError(f"step: {n} request_ids, every array needs n entries")
+        matrix = np.ascontiguousarray(token_matrix, dtype=np.int32)
+        if matrix.ndim != 2:
+            raise ValueError(f"step: token_matrix must be 2-D, got shape {matrix.shape}")
+        with self._lock:
+            slots = np.fromiter((self._slot(r) for r in request_ids), dtype=np.int32, count=n)
+        self._core.step(matrix, slots, *cols, out.tokens, out.accept, out.lengths, out.source, out.match_len)
+        return out
+
+    def trim(self, request_ids: Sequence[str], lengths: Sequence[int] | np.ndarray) -> None:
+        """Cut outstanding drafts to what was sent (see :meth:`DASDrafter.trim`). Unknown ids are ignored."""
+        with self._lock:
+            pairs = [(self._slots[r], k) for r, k in zip(request_ids, np.asarray(lengths).tolist()) if r in self._slots]
+        if pairs:
+            slots, keep = zip(*pairs)
+            self._core.trim(np.asarray(slots, np.int32), np.clip(np.asarray(keep, np.int64), 0, 2**31 - 1)
+                            .astype(np.int32))
+
     def record_acceptance(self, request_id: str, num_accepted: int, num_verified: int | None = None) -> None:
         """Report the verification outcome of a request's last draft (see :meth:`DASDrafter.record_acceptance`);
         unknown requests and reports without a draft outstanding are ignored."""

@@ -22,26 +22,39 @@ size_t Automaton::bytes() const {
 }
 
 int32_t Automaton::new_state(int32_t len, int32_t link) {
-  st_.push_back(State{len, link, 0, -1, -1});
+  st_.push_back(State{len, link, 0, -1, -1, -1, -1, -1});
   return static_cast<int32_t>(st_.size() - 1);
 }
 
-int32_t Automaton::add_edge(int32_t s, int32_t token, int32_t target) {
+void Automaton::add_edge(int32_t s, int32_t token, int32_t target) {
+  State& x = st_[s];
+  if (x.e0_tok < 0) {
+    x.e0_tok = token;
+    x.e0_tgt = target;
+    return;
+  }
   int32_t e = static_cast<int32_t>(edges_.size());
-  edges_.push_back(Edge{token, target, st_[s].first_edge});
-  st_[s].first_edge = e;
+  edges_.push_back(Edge{token, target, x.more});
+  st_[s].more = e;
   trans_[key(s, token)] = e;
-  return e;
+}
+
+void Automaton::redirect(int32_t s, int32_t token, int32_t target) {
+  State& x = st_[s];
+  if (x.e0_tok == token) {
+    x.e0_tgt = target;
+  } else {
+    edges_[*trans_.find(key(s, token))].target = target;
+  }
+  if (x.best_tok == token) x.best_tgt = target;
 }
 
 int32_t Automaton::clone(int32_t q, int32_t len) {
   int32_t c = new_state(len, st_[q].link);
   st_[c].cnt = st_[q].cnt;
-  // Copy the edge list (reverse order does not matter: best_edge is carried over explicitly).
-  for (int32_t e = st_[q].first_edge; e >= 0; e = edges_[e].next) {
-    int32_t ne = add_edge(c, edges_[e].token, edges_[e].target);
-    if (e == st_[q].best_edge) st_[c].best_edge = ne;
-  }
+  st_[c].best_tok = st_[q].best_tok;
+  st_[c].best_tgt = st_[q].best_tgt;
+  for_each_edge(q, [&](int32_t tok, int32_t tgt) { add_edge(c, tok, tgt); });
   st_[q].link = c;
   return c;
 }
@@ -53,11 +66,7 @@ int32_t Automaton::extend(int32_t last, int32_t token) {
   if (q >= 0) {
     if (st_[q].len == st_[last].len + 1) return q;
     int32_t c = clone(q, st_[last].len + 1);
-    for (int32_t p = last; p >= 0; p = st_[p].link) {
-      int32_t* e = trans_.find(key(p, token));
-      if (!e || edges_[*e].target != q) break;
-      edges_[*e].target = c;
-    }
+    for (int32_t p = last; p >= 0 && find(p, token) == q; p = st_[p].link) redirect(p, token, c);
     return c;
   }
   int32_t cur = new_state(st_[last].len + 1, 0);
@@ -69,11 +78,7 @@ int32_t Automaton::extend(int32_t last, int32_t token) {
       st_[cur].link = q;
     } else {
       int32_t c = clone(q, st_[p].len + 1);
-      for (; p >= 0; p = st_[p].link) {
-        int32_t* e = trans_.find(key(p, token));
-        if (!e || edges_[*e].target != q) break;
-        edges_[*e].target = c;
-      }
+      for (; p >= 0 && find(p, token) == q; p = st_[p].link) redirect(p, token, c);
       st_[cur].link = c;
     }
   }
@@ -82,13 +87,16 @@ int32_t Automaton::extend(int32_t last, int32_t token) {
 
 void Automaton::offer_best(int32_t s, int32_t token, int32_t target) {
   State& x = st_[s];
-  if (x.best_edge >= 0) {
-    const Edge& b = edges_[x.best_edge];
-    if (b.token == token) return;  // already the best; its count only grew
-    int32_t cb = st_[b.target].cnt, ct = st_[target].cnt;
-    if (ct < cb || (ct == cb && token > b.token)) return;
+  if (x.best_tok == token) {
+    x.best_tgt = target;  // already the best; its count only grew
+    return;
   }
-  x.best_edge = *trans_.find(key(s, token));
+  if (x.best_tok >= 0) {
+    int32_t cb = st_[x.best_tgt].cnt, ct = st_[target].cnt;
+    if (ct < cb || (ct == cb && token > x.best_tok)) return;
+  }
+  x.best_tok = token;
+  x.best_tgt = target;
 }
 
 void Automaton::append(Cursor& cur, int32_t token, int32_t weight) {
@@ -126,15 +134,16 @@ std::string Automaton::check() const {
   for (size_t s = 0; s < st_.size(); ++s) {
     const State& x = st_[s];
     bool relevant = s == 0 || st_[x.link].len < depth_ - 1;
-    int32_t best_tok = -1, best_cnt = -1;
-    for (int32_t e = x.first_edge; e >= 0; e = edges_[e].next) {
-      const Edge& ed = edges_[e];
-      if (st_[ed.target].len < x.len + 1) return "edge to a shorter state at " + std::to_string(s);
-      int32_t c = st_[ed.target].cnt;
-      if (c > best_cnt || (c == best_cnt && ed.token < best_tok)) best_cnt = c, best_tok = ed.token;
-    }
+    int32_t best_tok = -1, best_cnt = -1, best_tgt = -1;
+    std::string err;
+    for_each_edge(static_cast<int32_t>(s), [&](int32_t tok, int32_t tgt) {
+      if (st_[tgt].len < x.len + 1) err = "edge to a shorter state at " + std::to_string(s);
+      int32_t c = st_[tgt].cnt;
+      if (c > best_cnt || (c == best_cnt && tok < best_tok)) best_cnt = c, best_tok = tok, best_tgt = tgt;
+    });
+    if (!err.empty()) return err;
     if (relevant && s != 0 && best_tok >= 0) {
-      if (x.best_edge < 0 || edges_[x.best_edge].token != best_tok)
+      if (x.best_tok != best_tok || x.best_tgt != best_tgt)
         return "stale best continuation at state " + std::to_string(s);
     }
   }

@@ -26,12 +26,16 @@ namespace das {
 
 class Automaton {
  public:
+  // 32 bytes: the first transition is stored inline (most states have one), further ones in the hash table.
   struct State {
-    int32_t len;         // longest string of the state
-    int32_t link;        // suffix link (-1 for the root)
-    int32_t cnt;         // occurrences (exact for relevant states)
-    int32_t best_edge;   // edge of the most frequent continuation (-1: none)
-    int32_t first_edge;  // head of the state's edge list (-1: none)
+    int32_t len;       // longest string of the state
+    int32_t link;      // suffix link (-1 for the root)
+    int32_t cnt;       // occurrences (exact for relevant states)
+    int32_t best_tok;  // most frequent continuation (-1: none) and its target state
+    int32_t best_tgt;
+    int32_t e0_tok;    // inline first transition (-1: none)
+    int32_t e0_tgt;
+    int32_t more;      // head of the list of further transitions in edges_ (-1: none)
   };
   struct Edge {
     int32_t token, target, next;
@@ -52,6 +56,9 @@ class Automaton {
   void append(Cursor& cur, int32_t token, int32_t weight = 1);
 
   int32_t find(int32_t s, int32_t token) const {
+    const State& x = st_[s];
+    if (x.e0_tok == token) return x.e0_tgt;
+    if (x.more < 0) return -1;
     const int32_t* e = trans_.find(key(s, token));
     return e ? edges_[*e].target : -1;
   }
@@ -60,16 +67,22 @@ class Automaton {
   int32_t cnt(int32_t s) const { return st_[s].cnt; }
   // Most frequent continuation of s: returns false if none, else sets token and target.
   bool best(int32_t s, int32_t& token, int32_t& target) const {
-    int32_t e = st_[s].best_edge;
-    if (e < 0) return false;
-    token = edges_[e].token;
-    target = edges_[e].target;
+    const State& x = st_[s];
+    if (x.best_tok < 0) return false;
+    token = x.best_tok;
+    target = x.best_tgt;
     return true;
+  }
+  // Calls f(token, target) for every transition of s.
+  template <class F>
+  void for_each_edge(int32_t s, F&& f) const {
+    const State& x = st_[s];
+    if (x.e0_tok >= 0) f(x.e0_tok, x.e0_tgt);
+    for (int32_t e = x.more; e >= 0; e = edges_[e].next) f(edges_[e].token, edges_[e].target);
   }
   int depth() const { return depth_; }
   size_t num_states() const { return st_.size(); }
   const std::vector<State>& states() const { return st_; }
-  const std::vector<Edge>& edges() const { return edges_; }
   size_t bytes() const;
   // Structural self-check (tests): empty string when consistent, else what is wrong.
   std::string check() const;
@@ -79,7 +92,9 @@ class Automaton {
     return (static_cast<uint64_t>(static_cast<uint32_t>(s)) << 32) | static_cast<uint32_t>(token);
   }
   int32_t new_state(int32_t len, int32_t link);
-  int32_t add_edge(int32_t s, int32_t token, int32_t target);
+  void add_edge(int32_t s, int32_t token, int32_t target);
+  // Points s's existing transition on token to target (and its best continuation, if that is the token).
+  void redirect(int32_t s, int32_t token, int32_t target);
   int32_t clone(int32_t q, int32_t len);
   int32_t extend(int32_t last, int32_t token);
   // The state on `s`'s suffix-link chain holding the suffix of length n (s must hold a suffix of length >= n).

@@ -125,6 +125,39 @@ NB_MODULE(_das_native, m) {
              });
            },
            "slots"_a, "budgets"_a, "tokens"_a, "accept"_a, "lengths"_a, "source"_a, "match_len"_a)
+      .def("step",
+           [](das::Drafter& d, nb::ndarray<const int32_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> matrix,
+              In1<int32_t> slots, In1<int32_t> rows, In1<int32_t> num_tokens, In1<int32_t> num_prompt,
+              In1<int32_t> num_sampled, In1<int32_t> num_verified, In1<int32_t> budgets, Out2<int32_t> tokens,
+              Out2<double> accept, Out1<int32_t> lengths, Out1<int8_t> source, Out1<int32_t> match_len) {
+             const size_t n = slots.shape(0);
+             const size_t K = static_cast<size_t>(d.config().max_spec_tokens);
+             for (auto [name, got] : {std::pair<const char*, size_t>{"rows", rows.shape(0)},
+                                      {"num_tokens", num_tokens.shape(0)}, {"num_prompt", num_prompt.shape(0)},
+                                      {"num_sampled", num_sampled.shape(0)}, {"num_verified", num_verified.shape(0)},
+                                      {"budgets", budgets.shape(0)}, {"tokens", tokens.shape(0)},
+                                      {"accept", accept.shape(0)}, {"lengths", lengths.shape(0)},
+                                      {"source", source.shape(0)}, {"match_len", match_len.shape(0)}})
+               need_rows(name, got, n);
+             if (tokens.shape(1) != K || accept.shape(1) != K)
+               throw das::InputError("tokens and accept must have max_spec_tokens = " + std::to_string(K) +
+                                     " columns");
+             nb::gil_scoped_release nogil;
+             slot_guard([&] {
+               d.step(matrix.data(), static_cast<int64_t>(matrix.shape(0)), static_cast<int64_t>(matrix.shape(1)),
+                      slots.data(), rows.data(), num_tokens.data(), num_prompt.data(), num_sampled.data(),
+                      num_verified.data(), budgets.data(), static_cast<int64_t>(n), tokens.data(), accept.data(),
+                      lengths.data(), source.data(), match_len.data());
+             });
+           },
+           "matrix"_a, "slots"_a, "rows"_a, "num_tokens"_a, "num_prompt"_a, "num_sampled"_a, "num_verified"_a,
+           "budgets"_a, "tokens"_a, "accept"_a, "lengths"_a, "source"_a, "match_len"_a)
+      .def("trim",
+           [](das::Drafter& d, In1<int32_t> slots, In1<int32_t> lengths) {
+             need_rows("lengths", lengths.shape(0), slots.shape(0));
+             slot_guard([&] { d.trim(slots.data(), lengths.data(), static_cast<int64_t>(slots.shape(0))); });
+           },
+           "slots"_a, "lengths"_a)
       .def("record_acceptance",
            [](das::Drafter& d, int32_t slot, int64_t accepted, int64_t verified) {
              slot_guard([&] { d.record_acceptance(slot, accepted, verified); });

@@ -98,6 +98,10 @@ const Drafter::Request& Drafter::req(int32_t slot) const { return const_cast<Dra
 
 void Drafter::start(int32_t slot, const int32_t* prompt, int64_t n, uint64_t problem) {
   std::lock_guard<std::mutex> lk(mu_);
+  start_locked(slot, prompt, n, problem);
+}
+
+void Drafter::start_locked(int32_t slot, const int32_t* prompt, int64_t n, uint64_t problem) {
   if (slot < 0 || slot > (1 << 24)) throw InputError("slot must be in [0, 2**24], got " + std::to_string(slot));
   if (slot >= static_cast<int32_t>(reqs_.size())) reqs_.resize(slot + 1);
   Request& r = reqs_[slot];
@@ -105,6 +109,7 @@ void Drafter::start(int32_t slot, const int32_t* prompt, int64_t n, uint64_t pro
   r.active = true;
   r.problem = problem;
   r.text_len = n;
+  r.prompt_len = n;
   r.output_len = 0;
   r.ctx.assign(prompt + (n - std::min<int64_t>(n, cfg_.match_context)), prompt + n);
   r.hm[0] = r.hm[1] = HistMatch();
@@ -123,7 +128,10 @@ void Drafter::start(int32_t slot, const int32_t* prompt, int64_t n, uint64_t pro
 
 void Drafter::extend(int32_t slot, const int32_t* tokens, int64_t n) {
   std::lock_guard<std::mutex> lk(mu_);
-  Request& r = req(slot);
+  extend_locked(req(slot), tokens, n);
+}
+
+void Drafter::extend_locked(Request& r, const int32_t* tokens, int64_t n) {
   if (n <= 0) return;
   if (r.local)
     for (int64_t i = 0; i < n; ++i) r.local->append(r.local_cur, tokens[i]);
@@ -139,7 +147,10 @@ void Drafter::extend(int32_t slot, const int32_t* tokens, int64_t n) {
 
 void Drafter::stop(int32_t slot) {
   std::lock_guard<std::mutex> lk(mu_);
-  Request& r = req(slot);
+  stop_locked(req(slot));
+}
+
+void Drafter::stop_locked(Request& r) {
   if (r.seq >= 0) pool_.stop(r.seq, r.output_len);
   r.seq = -1;
   r.active = false;
@@ -345,6 +356,11 @@ void Drafter::propose_row(Request& r, int budget, const Snapshot* psnap, const S
 void Drafter::propose(const int32_t* slots, const int32_t* budgets, int64_t n, int32_t* tokens, double* accept,
                       int32_t* lengths, int8_t* source, int32_t* match_len) {
   std::lock_guard<std::mutex> lk(mu_);
+  propose_rows(slots, budgets, n, tokens, accept, lengths, source, match_len);
+}
+
+void Drafter::propose_rows(const int32_t* slots, const int32_t* budgets, int64_t n, int32_t* tokens, double* accept,
+                           int32_t* lengths, int8_t* source, int32_t* match_len) {
   const int K = cfg_.max_spec_tokens;
   for (int64_t i = 0; i < n; ++i) req(slots[i]);  // validate every row before changing any state
   keys_buf_.resize(n + 1);
@@ -368,7 +384,60 @@ void Drafter::propose(const int32_t* slots, const int32_t* budgets, int64_t n, i
 
 void Drafter::record_acceptance(int32_t slot, int64_t accepted, int64_t verified) {
   std::lock_guard<std::mutex> lk(mu_);
-  Request& r = req(slot);
+  record_locked(req(slot), accepted, verified);
+}
+
+void Drafter::step(const int32_t* matrix, int64_t rows_in_matrix, int64_t row_len, const int32_t* slots,
+                   const int32_t* rows, const int32_t* num_tokens, const int32_t* num_prompt,
+                   const int32_t* num_sampled, const int32_t* num_verified, const int32_t* budgets, int64_t n,
+                   int32_t* tokens, double* accept, int32_t* lengths, int8_t* source, int32_t* match_len) {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (int64_t i = 0; i < n; ++i) {  // validate every row before changing any state
+    req(slots[i]);
+    if (rows[i] < 0 || rows[i] >= rows_in_matrix || num_prompt[i] < 0 || num_prompt[i] > num_tokens[i] ||
+        num_tokens[i] > row_len || num_sampled[i] < 0)
+      throw InputError("step: row " + std::to_string(i) + " has matrix row " + std::to_string(rows[i]) +
+                       ", num_prompt " + std::to_string(num_prompt[i]) + ", num_tokens " +
+                       std::to_string(num_tokens[i]) + " (matrix " + std::to_string(rows_in_matrix) + " x " +
+                       std::to_string(row_len) + ")");
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    Request& r = reqs_[slots[i]];
+    const int32_t* text = matrix + static_cast<int64_t>(rows[i]) * row_len;
+    const int64_t num_output = static_cast<int64_t>(num_tokens[i]) - num_prompt[i];
+    if (r.output_len > num_output || r.prompt_len != num_prompt[i]) {
+      // Preempted and recomputed from a shorter state (or a new prompt): start over from the prompt.
+      const uint64_t problem = r.problem;
+      stop_locked(r);
+      start_locked(slots[i], text, num_prompt[i], problem);
+    } else if (r.pend_n > 0 && num_sampled[i] > 0) {
+      int64_t verified = r.pend_n;
+      if (num_verified[i] >= 0) verified = std::min<int64_t>(verified, num_verified[i]);
+      record_locked(r, std::min<int64_t>(verified, num_sampled[i] - 1), verified);
+    }
+    extend_locked(r, text + num_prompt[i] + r.output_len, num_output - r.output_len);
+  }
+  propose_rows(slots, budgets, n, tokens, accept, lengths, source, match_len);
+}
+
+void Drafter::trim(const int32_t* slots, const int32_t* lengths, int64_t n) {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (int64_t i = 0; i < n; ++i) {
+    Request& r = req(slots[i]);
+    const int keep = std::max(0, lengths[i]);
+    if (r.pend_n <= keep) continue;
+    ctr_.draft_tokens -= r.pend_n - keep;
+    if (keep == 0) {
+      --ctr_.drafts;
+      --ctr_.wins[r.pend_source];
+      r.pend_n = -1;
+    } else {
+      r.pend_n = keep;
+    }
+  }
+}
+
+void Drafter::record_locked(Request& r, int64_t accepted, int64_t verified) {
   if (r.pend_n < 0) return;
   int n = r.pend_n;
   if (verified >= 0) n = static_cast<int>(std::min<int64_t>(n, verified));

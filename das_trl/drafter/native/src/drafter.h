@@ -69,6 +69,17 @@ class Drafter {
   void propose(const int32_t* slots, const int32_t* budgets, int64_t n, int32_t* tokens, double* accept,
                int32_t* lengths, int8_t* source, int32_t* match_len);
   void record_acceptance(int32_t slot, int64_t accepted, int64_t verified);
+  // One engine step for n rows, reading each row's text from a token matrix (vLLM's token_ids_cpu): row i is
+  // request slots[i], whose text is matrix[rows[i], :num_tokens[i]] with a prompt of num_prompt[i] tokens and
+  // num_sampled[i] tokens gained this step. Reports the verification of the row's previous draft (accepted =
+  // min(verified, num_sampled - 1), verified = its draft length, capped by num_verified[i] when >= 0), appends the
+  // new output tokens (restarting a request whose output shrank: preemption), then drafts with budgets[i].
+  void step(const int32_t* matrix, int64_t rows_in_matrix, int64_t row_len, const int32_t* slots, const int32_t* rows,
+            const int32_t* num_tokens, const int32_t* num_prompt, const int32_t* num_sampled,
+            const int32_t* num_verified, const int32_t* budgets, int64_t n, int32_t* tokens, double* accept,
+            int32_t* lengths, int8_t* source, int32_t* match_len);
+  // Cuts each row's outstanding draft to lengths[i] tokens (what was really sent for verification).
+  void trim(const int32_t* slots, const int32_t* lengths, int64_t n);
   void release_finished(const std::vector<uint64_t>& problems);
   void new_step();
   void reset_requests();
@@ -104,7 +115,7 @@ class Drafter {
     std::unique_ptr<Automaton> local;
     Automaton::Cursor local_cur;
     std::vector<int32_t> ctx;  // recent tokens (at least the last match_context)
-    int64_t text_len = 0, output_len = 0;
+    int64_t text_len = 0, output_len = 0, prompt_len = 0;
     int32_t seq = -1;
     HistMatch hm[2];  // [0] problem snapshot, [1] global snapshot
     int pend_n = -1;  // unverified draft: length (-1: none), source, match length, prior estimates
@@ -122,6 +133,12 @@ class Drafter {
   void sync_history(Request& r, const Snapshot& s, HistMatch& hm) const;
   int64_t snapshot_support(const Snapshot& s, const RawDraft& d, const int32_t* ctx, int ctx_len) const;
   void propose_row(Request& r, int budget, const Snapshot* problem_snap, const Snapshot* global_snap, RowOut& out);
+  void start_locked(int32_t slot, const int32_t* prompt, int64_t n, uint64_t problem);
+  void extend_locked(Request& r, const int32_t* tokens, int64_t n);
+  void stop_locked(Request& r);
+  void record_locked(Request& r, int64_t accepted, int64_t verified);
+  void propose_rows(const int32_t* slots, const int32_t* budgets, int64_t n, int32_t* tokens, double* accept,
+                    int32_t* lengths, int8_t* source, int32_t* match_len);
 
   DrafterConfig cfg_;
   SpecParams sp_;

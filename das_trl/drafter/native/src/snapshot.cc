@@ -24,7 +24,6 @@ Snapshot::Snapshot(const SequenceSet& seqs, int depth, int gram, uint64_t versio
   }
   num_sequences_ = static_cast<int64_t>(seqs.size());
   const auto& st = a.states();
-  const auto& edges = a.edges();
   const int32_t n = static_cast<int32_t>(st.size());
   own.resize(n, 0);
   // 2. Counts: sum over the suffix-link tree, longest states first (counting sort by len).
@@ -65,8 +64,9 @@ Snapshot::Snapshot(const SequenceSet& seqs, int depth, int gram, uint64_t versio
   for (int32_t t = 0; t < m; ++t) {
     buf.clear();
     int32_t s = old_of[t];
-    for (int32_t e = st[s].first_edge; e >= 0; e = edges[e].next)
-      if (id[edges[e].target] >= 0) buf.emplace_back(edges[e].token, id[edges[e].target]);
+    a.for_each_edge(s, [&](int32_t tok, int32_t tgt) {
+      if (id[tgt] >= 0) buf.emplace_back(tok, id[tgt]);
+    });
     std::sort(buf.begin(), buf.end());
     edge_begin_[t] = static_cast<int32_t>(etok_.size());
     int32_t best_cnt = -1;
