@@ -11,7 +11,13 @@ VENV="${DAS_TRL_VENV:-.venv}"
 STAMP="$VENV/.das-trl-setup"
 WANT="$(cat pyproject.toml scripts/setup_env.sh | sha256sum | cut -c1-16)-$ENGINE"
 
+native() {
+  # The drafter's native core (C++17 + nanobind), built from source in place; incremental when nothing changed.
+  PYTHON="$VENV/bin/python" bash scripts/build_native.sh >/dev/null
+}
+
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then
+  native
   exit 0
 fi
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
@@ -30,5 +36,6 @@ fi
 pip install --quiet "nanobind==2.9.2" grpcio-tools cmake ninja wheel "setuptools>=68"
 pip install --quiet --no-build-isolation "arctic-inference==0.3.0"
 pip install --quiet --no-build-isolation -e ".[test,bench,docs]"
+native
 echo "$WANT" > "$STAMP"
 echo "[das-trl] environment ready in $VENV"

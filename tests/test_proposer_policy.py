@@ -102,7 +102,7 @@ def test_verification_outcomes_reach_the_drafters_calibrator(rng):
     runner.step([texts[0][6:10]])
     s = drafter.stats()
     assert s["verified_drafts"] == 2 and s["accepted_tokens"] == 0 + 3
-    assert drafter._calibrator.observed_tokens == 2 * K
+    assert s["calibration_tokens"] == 2 * K
 
 
 def test_draft_tokens_trimmed_by_the_scheduler_are_not_counted_as_rejected(rng):

@@ -29,6 +29,7 @@ def worker():
     assert w.das_attach()["ok"]
     reply = w.das_add_history(encode_rollouts([PROMPT] * 2, [COMPLETION, COMPLETION[:6]]))
     assert reply["ok"], reply
+    assert w.proposer.drafter.wait_for_updates(30)  # trees are built in the background
     return w
 
 
@@ -114,6 +115,7 @@ def test_rpcs_before_attach_answer_and_propose_nothing():
     assert w.model_runner.step([[COMPLETION[2]]]) == [[]]
     assert w.das_stats()["stats"]["unattached_rounds"] == 1
     assert w.das_attach()["ok"]
+    assert w.proposer.drafter.wait_for_updates(30)  # trees are built in the background
     assert w.model_runner.step([[COMPLETION[2]]])[0] != []
 
 

@@ -18,6 +18,10 @@ Data flow::
         -> calibration.py   (the estimates corrected by the acceptance observed in
                              verification, per source, match length and estimate)
 
+Two implementations with one interface: ``NativeDASDrafter`` (``native/``: C++ core, one call per engine step) and
+``DASDrafter`` (pure Python, the reference the native core is tested against); :func:`create_drafter` picks one by
+``DrafterConfig.backend``.
+
 Problem identity: :func:`problem_key` (blake2b of the prompt ids), or an explicit key.
 """
 
@@ -25,6 +29,7 @@ from .arbitration import SOURCE_ORDER, Candidate, choose, confidence
 from .calibration import AcceptanceCalibrator
 from .config import DrafterConfig
 from .drafter import DASDrafter
+from .factory import create_drafter
 from .history import Appearance, RolloutHistory
 from .problem_key import problem_key
 
@@ -35,6 +40,7 @@ __all__ = [
     "Candidate",
     "DASDrafter",
     "DrafterConfig",
+    "create_drafter",
     "RolloutHistory",
     "choose",
     "confidence",

@@ -69,6 +69,13 @@ class DrafterConfig:
         support_table_bits: log2 of the counter-table width used to count support in
             history (2 rows of int32: 8 * 2**bits bytes; 23 -> 64 MiB).
 
+    Implementation:
+        backend: ``"native"`` (the C++ core, ``native_drafter.py``: one call per engine step, history built on
+            native threads), ``"python"`` (the pure-Python reference, ``drafter.py``), or ``"auto"`` (native when
+            built, else python with a warning). Both draft the same tokens up to ties between equally frequent
+            continuations (docs/architecture.md).
+        builder_threads: native threads building history automata (``native`` backend; >= 1).
+
     Calibration from verification outcomes (``calibration.py``):
         calibrate_acceptance: scale each a_i by the observed/predicted acceptance ratio of its
             (source, match-length bucket, a_i bin) cell, learned from the verified drafts the engine reports through
@@ -106,6 +113,8 @@ class DrafterConfig:
     calibrate_acceptance: bool = True
     calibration_pseudocount: float = 8.0
     calibration_step_decay: float = 0.5
+    backend: str = "auto"
+    builder_threads: int = 1
 
     def __post_init__(self) -> None:
         def need(ok: bool, msg: str) -> None:
@@ -142,6 +151,10 @@ class DrafterConfig:
              f"calibration_step_decay must be in [0, 1], got {self.calibration_step_decay}")
         need(self.calibration_pseudocount > 0,
              f"calibration_pseudocount must be > 0, got {self.calibration_pseudocount}")
+        need(self.backend in ("auto", "native", "python"),
+             f"backend must be 'auto', 'native' or 'python', got {self.backend!r}")
+        need(isinstance(self.builder_threads, int) and 1 <= self.builder_threads <= 64,
+             f"builder_threads must be an int in [1, 64], got {self.builder_threads!r}")
         need(isinstance(self.support_table_bits, int) and 10 <= self.support_table_bits <= 30,
              f"support_table_bits must be an int in [10, 30], got {self.support_table_bits!r}")
 

@@ -148,6 +148,7 @@ class DASDrafter:
         # request -> (source, match length, prior a_i) of its last draft, until verification is reported
         self._unverified: dict[str, tuple[str, int, list[float]]] = {}
         self._verified_drafts = 0
+        self._verified_tokens = 0
         self._accepted_tokens = 0
 
     # ------------------------------------------------------------------ history
@@ -512,9 +513,16 @@ class DASDrafter:
             if num_verified is not None:
                 prior = prior[:max(0, int(num_verified))]
             self._verified_drafts += 1
+            self._verified_tokens += len(prior)
             self._accepted_tokens += min(max(int(num_accepted), 0), len(prior))
             if self._calibrator is not None and prior:
                 self._calibrator.observe(source, match_len, prior, num_accepted)
+
+    def acceptance_totals(self) -> tuple[int, int, int]:
+        """``(verified drafts, verified draft tokens, accepted draft tokens)`` reported so far (cheap: for per-step
+        deltas on the engine path)."""
+        with self._engine_lock():
+            return self._verified_drafts, self._verified_tokens, self._accepted_tokens
 
     def calibration(self) -> dict[str, list[list[float]]]:
         """The calibrator's observed/predicted ratios, source -> [match-length bucket][prior bin] (buckets 1, 2,

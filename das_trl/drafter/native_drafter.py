@@ -283,6 +283,10 @@ class NativeDASDrafter:
                 return
             self._core.record_acceptance(slot, int(num_accepted), -1 if num_verified is None else int(num_verified))
 
+    def acceptance_totals(self) -> tuple[int, int, int]:
+        """``(verified drafts, verified draft tokens, accepted draft tokens)`` reported so far."""
+        return tuple(self._core.acceptance_totals())
+
     def calibration(self) -> dict[str, list[list[float]]]:
         """Observed/predicted ratios, source -> [match-length bucket][prior bin]; ``{}`` when calibration is off."""
         if not self.config.calibrate_acceptance:

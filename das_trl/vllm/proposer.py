@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from das_trl.drafter import DASDrafter, DrafterConfig, problem_key
+from das_trl.drafter import DrafterConfig, create_drafter, problem_key
 from das_trl.drafter.policy import TIER_NAMES, LengthPolicy, LengthPolicyConfig
 
 logger = logging.getLogger(__name__)
@@ -44,13 +44,13 @@ class DASProposer:
         self.num_speculative_tokens = int(spec.num_speculative_tokens)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         self.vocab_size = int(vllm_config.model_config.get_vocab_size())
-        self.drafter = DASDrafter(DrafterConfig(max_spec_tokens=self.num_speculative_tokens))
+        self.drafter = create_drafter(DrafterConfig(max_spec_tokens=self.num_speculative_tokens))
         # Per-round budgets: the same LengthPolicy the replay benchmark uses (tiers by default; "fixed" = K each).
         self.policy = LengthPolicy(LengthPolicyConfig(max_budget=self.num_speculative_tokens))
         self._runner: Any = None
-        # Per request: output tokens already given to the drafter, and the length of its last draft.
-        self._known_output: dict[str, int] = {}
-        self._last_draft_len: dict[str, int] = {}
+        # Problem key of every request the drafter is tracking; the drafter keeps their texts and drafts.
+        self._key_of: dict[str, int] = {}
+        self._seen_totals = (0, 0, 0)  # drafter's acceptance_totals() already counted
         self._counters = dict(
             rounds=0,
             unattached_rounds=0,
@@ -97,13 +97,14 @@ class DASProposer:
             )
         # Retire the requests tracked so far: clearing the bookkeeping alone left them active in the drafter forever
         # (a re-attach between two generations orphaned the last batch's requests).
-        for req_id in list(self._known_output):
+        for req_id in list(self._key_of):
             self._finish(req_id)
         if drafter_config is not None:
             if drafter_config != self.drafter.config:
                 state = self.drafter.state_dict()
-                self.drafter = DASDrafter(drafter_config)
+                self.drafter = create_drafter(drafter_config)
                 self.drafter.load_state_dict(state)
+                self._seen_totals = self.drafter.acceptance_totals()
         if policy_config is not None:
             capped = min(policy_config.max_budget, self.num_speculative_tokens)
             self.policy = LengthPolicy(LengthPolicyConfig(**{**policy_config.to_dict(), "max_budget": capped}))
@@ -148,7 +149,7 @@ class DASProposer:
 
     def detach(self) -> None:
         """Forget the model runner: from the next round on the proposer drafts nothing (history is kept)."""
-        for req_id in list(self._known_output):
+        for req_id in list(self._key_of):
             self._finish(req_id)
         self._runner = None
 
@@ -159,96 +160,83 @@ class DASProposer:
         token_ids_cpu: np.ndarray,
         slot_mappings: Any = None,
     ) -> list[list[int]]:
-        """Draft tokens for every request in the batch.
+        """Draft tokens for every request in the batch: one drafter ``step`` for the whole batch.
 
         Args:
             sampled_token_ids: per batch row, the tokens the row got this step (accepted drafts + one sampled token);
                 empty for a partial prefill.
             num_tokens_no_spec: ``np.int32 [max_num_reqs]``: tokens per row (prompt + output), drafts excluded.
-            token_ids_cpu: ``np.int32 [max_num_reqs, max_model_len]``: each row's tokens.
+            token_ids_cpu: ``np.int32 [max_num_reqs, max_model_len]``: each row's tokens (read in place).
             slot_mappings: unused (no KV cache of our own).
 
         Returns:
             ``list[list[int]]`` with one draft (0..K token ids) per row of ``sampled_token_ids``.
         """
         self._counters["rounds"] += 1
+        n = len(sampled_token_ids)
         if self._runner is None:
             self._counters["unattached_rounds"] += 1
-            return [[] for _ in sampled_token_ids]
+            return [[] for _ in range(n)]
         started = time.perf_counter()
         batch = self._runner.input_batch
-        live = set(batch.req_ids[: len(sampled_token_ids)])
-        for req_id in [r for r in self._known_output if r not in live]:
+        req_ids = batch.req_ids[:n]
+        live = set(req_ids)
+        for req_id in [r for r in self._key_of if r not in live]:
             self._finish(req_id)
-        # 1. Bring every request's text up to date (and learn how many of last round's draft tokens were accepted).
-        rows: list[tuple[int, str, int, int]] = []  # (row, req_id, num_tokens, output_len)
-        for row, sampled in enumerate(sampled_token_ids):
-            if not sampled:  # partial prefill: nothing to extend from yet
-                continue
-            req_id = batch.req_ids[row]
-            num_tokens = int(num_tokens_no_spec[row])
-            num_prompt = int(batch.num_prompt_tokens[row])
-            self._sync_request(req_id, row, num_prompt, num_tokens, len(sampled), token_ids_cpu)
-            rows.append((row, req_id, num_tokens, num_tokens - num_prompt))
-        # 2. Budgets from the length policy: long (and promoted) requests get more, all grow as the batch drains.
-        keys = [self.drafter.problem_of(req_id) for _, req_id, _, _ in rows]
-        budgets = self.policy.budgets([(k, n) for k, (_, _, _, n) in zip(keys, rows)], num_running=len(live))
-        drafts: list[list[int]] = [[] for _ in sampled_token_ids]
-        for (row, req_id, num_tokens, output_len), key, budget in zip(rows, keys, budgets):
-            tier = TIER_NAMES[self.policy.tier(key, output_len)]
+        num_sampled = np.fromiter(map(len, sampled_token_ids), dtype=np.int64, count=n)
+        rows = np.flatnonzero(num_sampled)  # partial prefills: nothing to extend from yet
+        ids = [req_ids[r] for r in rows.tolist()]
+        num_tokens = np.asarray(num_tokens_no_spec[:n], dtype=np.int64)[rows]
+        num_prompt = np.asarray(batch.num_prompt_tokens[:n], dtype=np.int64)[rows]
+        for row, req_id, n_prompt in zip(rows.tolist(), ids, num_prompt.tolist()):
+            if req_id not in self._key_of:  # first sight of a request
+                prompt = token_ids_cpu[row, :n_prompt]
+                key = self._explicit_problem_key(req_id)
+                self.drafter.start_request(req_id, prompt, problem_key=key)
+                self._key_of[req_id] = self.drafter.problem_of(req_id)
+        # Budgets from the length policy: long (and promoted) requests get more, all grow as the batch drains.
+        output_len = num_tokens - num_prompt
+        keys = [self._key_of[r] for r in ids]
+        budgets = np.asarray(self.policy.budgets(list(zip(keys, output_len.tolist())), num_running=len(live)),
+                             dtype=np.int64).reshape(-1)
+        for key, out_len, got in zip(keys, output_len.tolist(), num_sampled[rows].tolist()):
+            tier = TIER_NAMES[self.policy.tier(key, out_len)]
             self._counters[f"tier_{tier}_rounds"] += 1
-            self._counters[f"tier_{tier}_tokens"] += len(sampled_token_ids[row])
-            budget = min(budget, self.num_speculative_tokens, self.max_model_len - num_tokens - 1)
-            draft: list[int] = []
-            if budget > 0:
-                start = max(0, num_tokens - self.drafter.config.match_context_tokens)
-                draft = self.drafter.propose(req_id, token_ids_cpu[row, start:num_tokens], budget)
-            self._last_draft_len[req_id] = len(draft)
-            self._counters["request_rounds"] += 1
-            if draft:
-                self._counters["drafts"] += 1
-                self._counters["draft_tokens"] += len(draft)
-            drafts[row] = draft
+            self._counters[f"tier_{tier}_tokens"] += got
+        caps = np.minimum(np.minimum(budgets, self.num_speculative_tokens), self.max_model_len - num_tokens - 1)
+        out = self.drafter.step(ids, token_ids_cpu, rows, num_tokens, num_prompt, num_sampled[rows],
+                                self._verified_lengths(rows), caps)
+        # Verification outcomes the step reported to the drafter feed the policy's acceptance estimate too.
+        totals = self.drafter.acceptance_totals()
+        dd, dv, da = (now - seen for now, seen in zip(totals, self._seen_totals))
+        self._seen_totals = totals
+        if dv:
+            self.policy.record_acceptance(dv, da)
+        self._counters["verified_drafts"] += dd
+        self._counters["accepted_tokens"] += da
+        self._counters["request_rounds"] += len(ids)
+        self._counters["drafts"] += int(np.count_nonzero(out.lengths))
+        self._counters["draft_tokens"] += int(out.lengths.sum())
+        drafts: list[list[int]] = [[] for _ in range(n)]
+        for row, toks, k in zip(rows.tolist(), out.tokens.tolist(), out.lengths.tolist()):
+            if k:
+                drafts[row] = toks[:k]
         self._counters["speculation_seconds"] += time.perf_counter() - started
         return drafts
 
-    def _sync_request(
-        self, req_id: str, row: int, num_prompt: int, num_tokens: int, num_sampled: int, token_ids_cpu: np.ndarray
-    ) -> None:
-        """Start the request in the drafter on first sight and extend it with the output it gained since."""
-        known = self._known_output.get(req_id)
-        num_output = num_tokens - num_prompt
-        if known is None or known > num_output:  # new, or preempted and recomputed from a shorter state
-            if known is not None:
-                self.drafter.stop_request(req_id)
-            self.drafter.start_request(
-                req_id, token_ids_cpu[row, :num_prompt].copy(), problem_key=self._explicit_problem_key(req_id)
-            )
-            known = 0
-        else:
-            # Rows that drafted last round got (accepted + 1) tokens this round.
-            last = self._last_draft_len.get(req_id, 0)
-            if last > 0:
-                verified = self._verified_draft_len(row, last)
-                accepted = min(verified, num_sampled - 1)
-                self._counters["verified_drafts"] += 1
-                self._counters["accepted_tokens"] += accepted
-                self.policy.record_acceptance(verified, accepted)
-                # Calibrates the drafter's acceptance estimates.
-                self.drafter.record_acceptance(req_id, accepted, num_verified=verified)
-        if num_output > known:
-            self.drafter.extend_request(req_id, token_ids_cpu[row, num_prompt + known : num_tokens].tolist())
-        self._known_output[req_id] = num_output
-
-    def _verified_draft_len(self, row: int, proposed: int) -> int:
-        """How many of a row's proposed draft tokens this step verified. vLLM's scheduler trims a draft to the
-        step's token budget; the model runner records the scheduled draft length per row in
-        ``num_decode_draft_tokens`` (vLLM 0.32; -1 for prompt chunks). Without it, the whole draft counts."""
+    def _verified_lengths(self, rows: np.ndarray) -> np.ndarray:
+        """How many draft tokens vLLM scheduled (verified) per row this step: the scheduler trims a draft to the
+        step's token budget and the model runner records the scheduled length in ``num_decode_draft_tokens``
+        (vLLM 0.32; -1 for prompt chunks). -1 where unknown: the drafter then counts the whole draft as sent."""
         buf = getattr(self._runner, "num_decode_draft_tokens", None)
         arr = getattr(buf, "np", None)
-        if arr is None or row >= len(arr) or int(arr[row]) < 0:
-            return proposed
-        return min(proposed, int(arr[row]))
+        if arr is None:
+            return np.full(len(rows), -1, np.int64)
+        arr = np.asarray(arr)
+        out = np.full(len(rows), -1, np.int64)
+        ok = rows < len(arr)
+        out[ok] = arr[rows[ok]]
+        return out
 
     def _explicit_problem_key(self, req_id: str) -> int | None:
         """The problem id sent as ``SamplingParams.extra_args[PROBLEM_ID_KEY]``, if any (else the prompt is hashed)."""
@@ -262,12 +250,14 @@ class DASProposer:
         except (TypeError, ValueError):
             logger.warning("ignoring non-integer %s=%r for request %s", PROBLEM_ID_KEY, value, req_id)
             return None
-        return key if key >= 0 else None
+        if not 0 <= key < 2**63:
+            logger.warning("ignoring %s=%r for request %s: problem ids must be ints in [0, 2**63)", PROBLEM_ID_KEY,
+                           value, req_id)
+            return None
+        return key
 
     def _finish(self, req_id: str) -> None:
-        self._known_output.pop(req_id, None)
-        self._last_draft_len.pop(req_id, None)
-        if req_id in self.drafter.active_requests:
+        if self._key_of.pop(req_id, None) is not None:
             self.drafter.stop_request(req_id)
 
     def stats(self) -> dict[str, Any]:

@@ -234,6 +234,11 @@ NB_MODULE(_das_native, m) {
              out["update_seconds"] = h.build_seconds;
              return out;
            })
+      .def("acceptance_totals",
+           [](das::Drafter& d) {
+             auto c = d.counters();
+             return nb::make_tuple(c.verified_drafts, c.verified_tokens, c.accepted_tokens);
+           })
       .def("calibration_ratio", &das::Drafter::calibration_ratio, "source"_a, "bucket"_a, "bin"_a)
       .def("check", &das::Drafter::check);
 }

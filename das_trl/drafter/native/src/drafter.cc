@@ -443,6 +443,7 @@ void Drafter::record_locked(Request& r, int64_t accepted, int64_t verified) {
   if (verified >= 0) n = static_cast<int>(std::min<int64_t>(n, verified));
   r.pend_n = -1;
   ++ctr_.verified_drafts;
+  ctr_.verified_tokens += n;
   ctr_.accepted_tokens += std::min<int64_t>(std::max<int64_t>(accepted, 0), n);
   if (cfg_.calibrate && n > 0)
     cal_.observe(r.pend_source, r.pend_match, r.pend_prior, n,

@@ -88,7 +88,8 @@ class Drafter {
   const DrafterConfig& config() const { return cfg_; }
 
   struct Counters {
-    int64_t proposals = 0, drafts = 0, draft_tokens = 0, requests = 0, verified_drafts = 0, accepted_tokens = 0;
+    int64_t proposals = 0, drafts = 0, draft_tokens = 0, requests = 0, verified_drafts = 0, verified_tokens = 0,
+            accepted_tokens = 0;
     std::array<int64_t, kNumSources> wins{};
   };
   Counters counters() const;
