@@ -1,157 +1,276 @@
-"""Micro-benchmark of the DAS drafter's CPU costs (prints figures; not a test).
+"""Drafter CPU costs next to vLLM's ``suffix`` method (prints figures; a benchmark, not a test).
 
-Synthetic history: ``--problems`` problems x ``--samples`` siblings x ``--appearances``
-GRPO steps of ~``--length``-token completions. Each problem has a template; a sibling is
-the template with ~10% of tokens resampled and spans shuffled (repetitive structure,
-like chains of thought of one problem), plus phrases shared across problems.
+vLLM runs a ``custom_class`` drafter synchronously after sampling, on the engine's critical path, so its time per
+engine step adds to every step. This benchmark drives the real proposers as vLLM calls them, on the same workload:
 
-Measures: time of each ``add_rollouts`` (one step: problems x samples completions),
-then ``--batch`` live requests decoding a fresh sibling: time per ``extend_request`` and
-per ``propose`` call, and the simulated tokens per verification round (accepted + 1).
-Finally the stall: one more step is pushed with ``background=True`` while the batch keeps
-proposing; it prints the propose latency (p50 / p99 / max) during that update next to the
-latency without one, and the blocking time of the same push done synchronously (what the
-engine would wait if the update ran on its critical path).
+* DAS: :class:`das_trl.vllm.proposer.DASProposer` (one drafter ``step`` per engine step) behind a fake model runner;
+* suffix: vLLM's own ``SuffixDecodingProposer`` (arctic-inference ``SuffixDecodingCache``; vLLM defaults: tree depth
+  24, 24 speculative tokens, factor 1.0, min_token_prob 0.1) behind a fake input batch.
 
-    python -m das_trl.bench.drafter_speed [--problems 512 --samples 16 --appearances 4]
+Workload: ``problems`` problems with a template each; a rollout is the template with ~10% of tokens resampled and a
+few cross-problem phrases spliced in. History: ``appearances`` steps of ``samples`` rollouts per problem (capped by
+``--history-tokens``). Live batch: ``batch`` requests, 8 per problem, each first given ``context`` tokens (prompt +
+output so far; untimed), then ``rounds`` engine steps in which drafts are verified against the request's own rollout
+(accepted prefix + 1 token).
+
+Printed: per (batch, context) the time per request per round (wall and this thread's CPU time) and tokens per round
+of each proposer; a history push of ``--push-tokens`` tokens (wall, us/token, how much of the push the GIL was free,
+history bytes per token); the engine-step latency p50/p99 of the DAS proposer while that push is built in the
+background next to the quiet latency.
+
+    das-trl bench drafter-speed --compare suffix [--batch 256,1024] [--context 1024,16384]
 """
 
 from __future__ import annotations
 
 import argparse
+import threading
 import time
+from types import SimpleNamespace
 
 import numpy as np
 
-from das_trl.drafter import DASDrafter, DrafterConfig
+from das_trl.drafter import DrafterConfig
+
+SUFFIX = dict(max_tree_depth=24, num_speculative_tokens=24, max_spec_factor=1.0, min_token_prob=0.1,
+              max_cached_requests=10000)
 
 
-def _sibling(rng: np.random.Generator, template: np.ndarray, phrases: np.ndarray, vocab: int) -> np.ndarray:
-    out = template.copy()
-    mask = rng.random(len(out)) < 0.10
-    out[mask] = rng.integers(0, vocab, int(mask.sum()))
-    # Splice a few cross-problem phrases in (global-tree material).
-    for _ in range(3):
-        p = phrases[rng.integers(len(phrases))]
-        at = rng.integers(0, len(out) - len(p))
-        out[at:at + len(p)] = p
-    return out[:int(rng.integers(len(out) * 6 // 10, len(out) + 1))]  # ragged lengths
+class Workload:
+    """Synthetic GRPO-like token streams (see the module docstring)."""
+
+    def __init__(self, problems: int, vocab: int, length: int, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.vocab = vocab
+        self.prompts = [self.rng.integers(0, vocab, 64).astype(np.int32) for _ in range(problems)]
+        self.templates = [self.rng.integers(0, vocab, length).astype(np.int32) for _ in range(problems)]
+        self.phrases = self.rng.integers(0, vocab, (64, 24)).astype(np.int32)
+
+    def rollout(self, problem: int, length: int | None = None) -> np.ndarray:
+        out = self.templates[problem].copy()
+        mask = self.rng.random(len(out)) < 0.10
+        out[mask] = self.rng.integers(0, self.vocab, int(mask.sum()))
+        for _ in range(3 + len(out) // 1000):
+            p = self.phrases[self.rng.integers(len(self.phrases))]
+            at = self.rng.integers(0, len(out) - len(p))
+            out[at:at + len(p)] = p
+        return out if length is None else out[:length]
+
+    def step(self, problems: int, samples: int, length: int) -> tuple[list, list]:
+        ps, cs = [], []
+        for i in range(problems):
+            for _ in range(samples):
+                ps.append(self.prompts[i])
+                cs.append(self.rollout(i, int(self.rng.integers(length * 6 // 10, length + 1))))
+        return ps, cs
 
 
-def _measure_stall(drafter: DASDrafter, args, rng, prompts, templates, phrases, which, truths) -> None:
-    """Propose latency with and without a background history update in flight (prints figures)."""
-    ps, cs = [], []
-    for i in range(args.problems):
-        for _ in range(args.samples):
-            ps.append(prompts[i])
-            cs.append(_sibling(rng, templates[i], phrases, args.vocab))
-    ctxs = [np.concatenate([prompts[i], truths[r][:32]])[-64:] for r, i in enumerate(which)]
+class FakeBatch:
+    """What both proposers read from vLLM's model runner / input batch."""
 
-    def sweep() -> list[float]:
+    def __init__(self, n: int, width: int) -> None:
+        self.req_ids: list[str] = []
+        self.req_id_to_index: dict[str, int] = {}
+        self.num_prompt_tokens = np.zeros(n, np.int32)
+        self.num_tokens_no_spec = np.zeros(n, np.int32)
+        self.token_ids_cpu = np.zeros((n, width), np.int32)
+
+
+def _vllm_config(k: int, max_model_len: int, **spec) -> SimpleNamespace:
+    return SimpleNamespace(
+        speculative_config=SimpleNamespace(num_speculative_tokens=k, **spec),
+        model_config=SimpleNamespace(max_model_len=max_model_len, get_vocab_size=lambda: 1 << 20))
+
+
+def run_batch(kind: str, wl: Workload, history: list[tuple[list, list]], batch: int, context: int, rounds: int,
+              k: int, backend: str) -> dict:
+    """One proposer on one live batch: returns per request-round costs and tokens per round."""
+    width = context + rounds * (k + 2) + 64
+    fb = FakeBatch(batch, width)
+    problems = [r % len(wl.prompts) for r in range(batch)]
+    truths = [np.concatenate([wl.prompts[p], wl.rollout(p)])[:width] for p in problems]
+    for r in range(batch):
+        fb.req_ids.append(f"r{r}")
+        fb.req_id_to_index[f"r{r}"] = r
+        fb.num_prompt_tokens[r] = 64
+    if kind == "das":
+        from das_trl.vllm.proposer import DASProposer
+
+        prop = DASProposer(_vllm_config(k, width + 64))
+        prop.drafter = __import__("das_trl.drafter", fromlist=["create_drafter"]).create_drafter(
+            DrafterConfig(max_spec_tokens=k, backend=backend))
+        prop.attach(SimpleNamespace(input_batch=fb, requests={}))
+        for ps, cs in history:
+            prop.add_history(ps, cs, background=False)
+        call = lambda sampled: prop.propose(sampled, fb.num_tokens_no_spec.copy(), fb.token_ids_cpu)  # noqa: E731
+    else:
+        from vllm.v1.spec_decode.suffix_decoding import SuffixDecodingProposer
+
+        prop = SuffixDecodingProposer(_vllm_config(
+            SUFFIX["num_speculative_tokens"], width + 64,
+            suffix_decoding_max_tree_depth=SUFFIX["max_tree_depth"],
+            suffix_decoding_max_spec_factor=SUFFIX["max_spec_factor"],
+            suffix_decoding_min_token_prob=SUFFIX["min_token_prob"],
+            suffix_decoding_max_cached_requests=SUFFIX["max_cached_requests"]))
+        cache = prop.suffix_cache
+        n = 0
+        for ps, cs in history:
+            for p, c in zip(ps, cs):
+                rid = f"h{n}"
+                n += 1
+                cache.start_request(rid, np.asarray(p, np.int32))
+                cache.add_active_response(rid, np.asarray(c).tolist())
+                cache.stop_request(rid)
+        call = lambda sampled: prop.propose(SUFFIX["num_speculative_tokens"], fb, sampled)  # noqa: E731
+    # Warm-up round (untimed): every request gets its first `context` tokens at once.
+    pos = np.full(batch, context, np.int64)
+    sampled = []
+    for r in range(batch):
+        fb.token_ids_cpu[r, :context] = truths[r][:context]
+        fb.num_tokens_no_spec[r] = context
+        sampled.append(truths[r][64:context].tolist())
+    drafts = call(sampled)
+    wall = cpu = 0.0
+    rows = tokens = 0
+    for _ in range(rounds):
+        sampled = []
+        for r in range(batch):
+            d, t, p = drafts[r], truths[r], int(pos[r])
+            acc = 0
+            while acc < len(d) and p + acc + 1 < len(t) and d[acc] == t[p + acc]:
+                acc += 1
+            emit = t[p:p + acc + 1]
+            fb.token_ids_cpu[r, p:p + len(emit)] = emit
+            pos[r] += len(emit)
+            fb.num_tokens_no_spec[r] = pos[r]
+            sampled.append(emit.tolist())
+            tokens += len(emit)
+        t0, c0 = time.perf_counter(), time.thread_time()
+        drafts = call(sampled)
+        wall += time.perf_counter() - t0
+        cpu += time.thread_time() - c0
+        rows += batch
+    out = {"us_wall": 1e6 * wall / rows, "us_cpu": 1e6 * cpu / rows, "tokens_per_round": tokens / rows}
+    if kind == "das":
+        s = prop.drafter.stats()
+        out["bytes_per_history_token"] = s.get("bytes_per_history_token")
+        out["live_bytes"] = s.get("live_bytes")
+    return out
+
+
+def push_and_stall(wl: Workload, batch: int, push_tokens: int, k: int, backend: str, rounds: int) -> dict:
+    """A ``push_tokens`` history push: synchronous cost, GIL availability, and engine-step latency while it is
+    built in the background."""
+    from das_trl.drafter import create_drafter
+
+    problems = min(len(wl.prompts), max(1, push_tokens // (16 * 500)))
+    ps, cs = wl.step(problems, 16, max(1, push_tokens // (problems * 16)) * 5 // 4)
+    ntok = sum(len(c) for c in cs)
+    d = create_drafter(DrafterConfig(max_spec_tokens=k, backend=backend))
+    # GIL probe: a Python thread counting while the push runs; its rate against an idle second tells how much of
+    # the push the interpreter was free.
+    stop = threading.Event()
+    count = [0]
+
+    def spin():
+        while not stop.is_set():
+            count[0] += 1
+
+    t = threading.Thread(target=spin, daemon=True)
+    t.start()
+    time.sleep(0.3)
+    c0 = count[0]
+    time.sleep(0.5)
+    idle_rate = (count[0] - c0) / 0.5
+    c0, t0 = count[0], time.perf_counter()
+    d.add_rollouts(ps, cs, background=True)
+    handed_back = time.perf_counter() - t0
+    d.wait_for_updates()
+    seconds = time.perf_counter() - t0
+    busy_rate = (count[0] - c0) / seconds
+    stop.set()
+    t.join()
+    out = {"push_tokens": ntok, "push_seconds": seconds, "push_us_per_token": 1e6 * seconds / ntok,
+           "push_returns_after_s": handed_back, "gil_free_share": min(1.0, busy_rate / max(idle_rate, 1.0)),
+           "bytes_per_history_token": d.stats().get("bytes_per_history_token")}
+    # Stall: a batch keeps proposing (one step per call) while a second push of the same size builds.
+    for r in range(batch):
+        p = r % problems
+        d.start_request(f"r{r}", wl.prompts[p])
+        d.extend_request(f"r{r}", wl.rollout(p, 256))
+    ids = [f"r{r}" for r in range(batch)]
+    budgets = np.full(batch, k)
+
+    def sweep(n: int) -> list[float]:
         lat = []
-        for r in range(len(which)):
+        for _ in range(n):
             t0 = time.perf_counter()
-            drafter.propose(f"r{r}", ctxs[r], 16)
+            d.propose_batch(ids, budgets)
             lat.append(time.perf_counter() - t0)
         return lat
 
-    quiet = sweep() + sweep()
-    t0 = time.perf_counter()
-    drafter.add_rollouts(ps, cs, background=True)
+    quiet = sweep(rounds)
+    ps2, cs2 = wl.step(problems, 16, max(1, push_tokens // (problems * 16)) * 5 // 4)
+    d.add_rollouts(ps2, cs2, background=True)
     busy = []
-    while drafter.stats()["pending_updates"]:
-        busy += sweep()
-    drafter.wait_for_updates()
-    bg_seconds = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    drafter.add_rollouts(ps, cs)  # the same step again, synchronously: the blocking alternative
-    sync_seconds = time.perf_counter() - t0
-    q = lambda xs, p: float(np.percentile(xs, p)) * 1e3  # noqa: E731
-    print(f"stall: propose latency without an update p50 {q(quiet, 50):.3f} / p99 {q(quiet, 99):.3f} / max "
-          f"{max(quiet) * 1e3:.2f} ms; during a background update of {sum(len(c) for c in cs) / 1e6:.2f} M tokens "
-          f"({bg_seconds:.2f} s, {len(busy)} proposals served) p50 {q(busy, 50):.3f} / p99 {q(busy, 99):.3f} / max "
-          f"{max(busy, default=0) * 1e3:.2f} ms; the same push done synchronously blocks {sync_seconds:.2f} s")
+    while d.stats()["pending_updates"]:
+        busy += sweep(1)
+    d.wait_for_updates()
+    q = lambda xs, p: float(np.percentile(xs, p)) * 1e3 if xs else float("nan")  # noqa: E731
+    out.update(quiet_p50_ms=q(quiet, 50), quiet_p99_ms=q(quiet, 99), busy_p50_ms=q(busy, 50),
+               busy_p99_ms=q(busy, 99), busy_steps=len(busy), stall_batch=batch)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the micro-benchmark (``das-trl bench drafter-speed``); prints figures, returns 0."""
+    """Run the benchmark (``das-trl bench drafter-speed``); prints figures, returns 0."""
     ap = argparse.ArgumentParser(prog="das-trl bench drafter-speed", description=__doc__.splitlines()[0])
-    ap.add_argument("--problems", type=int, default=512)
-    ap.add_argument("--samples", type=int, default=16)
-    ap.add_argument("--appearances", type=int, default=4)
-    ap.add_argument("--length", type=int, default=500)
-    ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--rounds", type=int, default=40)
+    ap.add_argument("--compare", default="suffix", help="baseline proposer: 'suffix' or 'none'")
+    ap.add_argument("--batch", default="256,1024", help="running requests per engine step (comma-separated)")
+    ap.add_argument("--context", default="1024,16384", help="tokens per request before timing (comma-separated)")
+    ap.add_argument("--rounds", type=int, default=20, help="timed engine steps per configuration")
+    ap.add_argument("--samples", type=int, default=8, help="history rollouts per problem per appearance")
+    ap.add_argument("--appearances", type=int, default=2)
+    ap.add_argument("--history-tokens", type=int, default=2_000_000, help="cap of the history pushed first")
+    ap.add_argument("--push-tokens", type=int, default=4_000_000, help="size of the timed push (0: skip)")
+    ap.add_argument("--k", type=int, default=16, help="DAS num_speculative_tokens")
+    ap.add_argument("--backend", default="native", choices=("native", "python"))
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--skip", default="", help="configurations to skip, e.g. '1024x16384'")
     args = ap.parse_args(argv)
-    rng = np.random.default_rng(args.seed)
-
-    prompts = [rng.integers(0, args.vocab, 64).astype(np.int32) for _ in range(args.problems)]
-    templates = [rng.integers(0, args.vocab, args.length).astype(np.int32) for _ in range(args.problems)]
-    phrases = rng.integers(0, args.vocab, (64, 24)).astype(np.int32)
-
-    drafter = DASDrafter(DrafterConfig())
-    print(f"config: {drafter.config}")
-    for step in range(args.appearances):
-        ps, cs = [], []
-        for i in range(args.problems):
-            for _ in range(args.samples):
-                ps.append(prompts[i])
-                cs.append(_sibling(rng, templates[i], phrases, args.vocab))
-        ntok = sum(len(c) for c in cs)
-        t0 = time.perf_counter()
-        out = drafter.add_rollouts(ps, cs)
-        dt = time.perf_counter() - t0
-        print(f"add_rollouts step {step}: {ntok / 1e6:.2f} M tokens, {len(cs)} seqs: {dt:.2f} s "
-              f"({dt / ntok * 1e6:.2f} us/token) -> {out}")
-
-    # Live batch: each request decodes a fresh sibling of a random problem.
-    which = rng.integers(0, args.problems, args.batch)
-    truths = [_sibling(rng, templates[i], phrases, args.vocab) for i in which]
-    pos = np.zeros(args.batch, dtype=np.int64)
-    for r, i in enumerate(which):
-        drafter.start_request(f"r{r}", prompts[i])
-    t_prop = t_ext = 0.0
-    n_prop = n_ext = rounds_tokens = n_rounds = 0
-    for _ in range(args.rounds):
-        for r, i in enumerate(which):
-            truth = truths[r]
-            if pos[r] >= len(truth):
+    kinds = ["das"] + ([args.compare] if args.compare == "suffix" else [])
+    print(f"{'batch':>6}{'context':>9}  {'proposer':<8}{'us/req-round':>13}{'(cpu)':>8}{'tok/round':>10}")
+    for batch in [int(x) for x in args.batch.split(",")]:
+        for context in [int(x) for x in args.context.split(",")]:
+            if f"{batch}x{context}" in args.skip.split(","):
                 continue
-            ctx = np.concatenate([prompts[i], truth[:pos[r]]])[-64:]
-            t0 = time.perf_counter()
-            draft = drafter.propose(f"r{r}", ctx, 16)
-            t_prop += time.perf_counter() - t0
-            n_prop += 1
-            # Verification: accept the matching prefix, plus one bonus token.
-            nxt = truth[pos[r]:pos[r] + len(draft)].tolist()
-            acc = 0
-            while acc < len(draft) and acc < len(nxt) and draft[acc] == nxt[acc]:
-                acc += 1
-            step_tokens = truth[pos[r]:pos[r] + acc + 1]
-            t0 = time.perf_counter()
-            drafter.extend_request(f"r{r}", step_tokens)
-            t_ext += time.perf_counter() - t0
-            n_ext += 1
-            pos[r] += len(step_tokens)
-            rounds_tokens += len(step_tokens)
-            n_rounds += 1
-    st = drafter.stats()
-    _measure_stall(drafter, args, rng, prompts, templates, phrases, which, truths)
-    print(f"propose: {t_prop / n_prop * 1e6:.1f} us/call over {n_prop} calls "
-          f"(batch {args.batch}: {t_prop / n_prop * args.batch * 1e3:.1f} ms per engine step)")
-    print(f"extend_request: {t_ext / n_ext * 1e6:.1f} us/call")
-    print(f"simulated tokens per round (accepted + 1): {rounds_tokens / n_rounds:.2f}")
-    print(f"wins: {st['wins']}; drafts {st['drafts']}/{st['proposals']}, "
-          f"draft tokens {st['draft_tokens']}")
-    print(f"history: {st['tokens'] / 1e6:.2f} M tokens, {st['appearances']} appearances, "
-          f"{st['problem_trees']} problem trees, support table {st['support_table_bytes'] / 2**20:.0f} MiB")
-    try:
-        import resource
-        print(f"peak RSS: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
-    except ImportError:
-        pass
+            problems = max(1, batch // 8)
+            wl = Workload(problems, args.vocab, context + args.rounds * (args.k + 2) + 256, args.seed)
+            hist_len = max(64, min(context, args.history_tokens // (problems * args.samples * args.appearances)))
+            history = [wl.step(problems, args.samples, hist_len) for _ in range(args.appearances)]
+            res = {}
+            for kind in kinds:
+                res[kind] = run_batch(kind, wl, history, batch, context, args.rounds, args.k, args.backend)
+                r = res[kind]
+                print(f"{batch:>6}{context:>9}  {kind:<8}{r['us_wall']:>13.1f}{r['us_cpu']:>8.1f}"
+                      f"{r['tokens_per_round']:>10.3f}", flush=True)
+            if "suffix" in res:
+                print(f"{'':>17}DAS / suffix per request-round: {res['das']['us_wall'] / res['suffix']['us_wall']:.2f}x "
+                      f"(cpu {res['das']['us_cpu'] / res['suffix']['us_cpu']:.2f}x); DAS history "
+                      f"{res['das']['bytes_per_history_token']:.0f} B/token, live pool "
+                      f"{res['das']['live_bytes'] / 2**20:.0f} MiB", flush=True)
+    if args.push_tokens:
+        wl = Workload(512, args.vocab, 700, args.seed + 1)
+        p = push_and_stall(wl, 256, args.push_tokens, args.k, args.backend, args.rounds)
+        print(f"push: {p['push_tokens'] / 1e6:.2f} M tokens in {p['push_seconds']:.2f} s wall "
+              f"({p['push_us_per_token']:.3f} us/token; add_rollouts returned after {p['push_returns_after_s']:.2f} s, "
+              f"the GIL was free {100 * p['gil_free_share']:.0f}% of the push); history "
+              f"{p['bytes_per_history_token']:.0f} B/token")
+        print(f"stall (batch {p['stall_batch']}, one propose_batch per engine step): p50 {p['quiet_p50_ms']:.2f} / "
+              f"p99 {p['quiet_p99_ms']:.2f} ms quiet; p50 {p['busy_p50_ms']:.2f} / p99 {p['busy_p99_ms']:.2f} ms "
+              f"during a background push ({p['busy_steps']} steps); p99 ratio "
+              f"{p['busy_p99_ms'] / p['quiet_p99_ms']:.2f}x")
     return 0
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import os
+from dataclasses import asdict, dataclass, field
 
 
 @dataclass
@@ -74,7 +75,8 @@ class DrafterConfig:
             native threads), ``"python"`` (the pure-Python reference, ``drafter.py``), or ``"auto"`` (native when
             built, else python with a warning). Both draft the same tokens up to ties between equally frequent
             continuations (docs/architecture.md).
-        builder_threads: native threads building history automata (``native`` backend; >= 1).
+        builder_threads: native threads building history automata (``native`` backend; 1-64; default: one fewer
+            than the CPU cores, at most 4, so the engine thread keeps a core).
 
     Calibration from verification outcomes (``calibration.py``):
         calibrate_acceptance: scale each a_i by the observed/predicted acceptance ratio of its
@@ -114,7 +116,7 @@ class DrafterConfig:
     calibration_pseudocount: float = 8.0
     calibration_step_decay: float = 0.5
     backend: str = "auto"
-    builder_threads: int = 1
+    builder_threads: int = field(default_factory=lambda: max(1, min(4, (os.cpu_count() or 2) - 1)))
 
     def __post_init__(self) -> None:
         def need(ok: bool, msg: str) -> None:

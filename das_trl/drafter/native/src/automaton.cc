@@ -113,13 +113,18 @@ void Automaton::append(Cursor& cur, int32_t token, int32_t weight) {
   const int32_t np = (L + 1 <= depth_) ? new_last : find(w, token);
   cur.ptr = np;
   // Occurrence counts: every relevant state on the new chain gains this end position.
-  for (int32_t s = np; s > 0; s = st_[s].link) st_[s].cnt += weight;
+  ++appends_;
+  for (int32_t s = np; s > 0; s = st_[s].link) {
+    st_[s].cnt += weight;
+    ++chain_steps_;
+  }
   // Best continuations: exactly the states on the old chain had a continuation count change (their strings + token
   // are the new chain's strings); the target of old-chain state s is the new-chain state holding length len(s) + 1.
   int32_t u = np;
   for (int32_t s = w; s > 0; s = st_[s].link) {
     u = down_to(u, st_[s].len + 1);
     offer_best(s, token, u);
+    ++chain_steps_;
   }
 }
 

@@ -52,6 +52,12 @@ class Automaton {
   explicit Automaton(int depth, bool online_counts = true);
 
   void clear();
+  // Pre-sizes for about n appended tokens (at most 2n states).
+  void reserve(size_t n) {
+    st_.reserve(2 * n + 1);
+    edges_.reserve(n);
+    trans_.reset(n);
+  }
   // Appends one token to the sequence at `cur` with weight w (occurrences counted w times).
   void append(Cursor& cur, int32_t token, int32_t weight = 1);
 
@@ -84,6 +90,8 @@ class Automaton {
   size_t num_states() const { return st_.size(); }
   const std::vector<State>& states() const { return st_; }
   size_t bytes() const;
+  int64_t appends() const { return appends_; }
+  int64_t chain_steps() const { return chain_steps_; }  // states visited by the count and best-continuation walks
   // Structural self-check (tests): empty string when consistent, else what is wrong.
   std::string check() const;
 
@@ -109,6 +117,7 @@ class Automaton {
   std::vector<State> st_;
   std::vector<Edge> edges_;
   FlatMap<int32_t> trans_;
+  int64_t appends_ = 0, chain_steps_ = 0;
 };
 
 }  // namespace das

@@ -220,6 +220,10 @@ NB_MODULE(_das_native, m) {
              out["live_bytes"] = l.bytes;
              out["live_rebuilds"] = l.rebuilds;
              out["live_evicted"] = l.evicted;
+             out["live_group_appends"] = l.group_appends;
+             out["live_group_chain_steps"] = l.group_chain_steps;
+             out["live_local_appends"] = l.local_appends;
+             out["live_local_chain_steps"] = l.local_chain_steps;
              auto h = d.history().stats();
              out["index_problems"] = h.problems;
              out["index_tokens"] = h.tokens;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <string>
+#include <tuple>
 
 namespace das {
 
@@ -495,8 +496,12 @@ Drafter::LiveStats Drafter::live_stats() const {
   s.rebuilds = pool_.rebuilds();
   s.evicted = pool_.evicted();
   size_t b = pool_.bytes();
+  std::tie(s.group_appends, s.group_chain_steps) = pool_.walk_totals();
   for (const auto& r : reqs_) {
-    if (r.local) b += r.local->bytes();
+    if (r.local) {
+      b += r.local->bytes();
+      if (r.active) s.local_appends += r.local->appends(), s.local_chain_steps += r.local->chain_steps();
+    }
     b += r.ctx.capacity() * sizeof(int32_t) + sizeof(Request);
     if (r.active) s.local_tokens += r.text_len;
   }
@@ -506,6 +511,8 @@ Drafter::LiveStats Drafter::live_stats() const {
 
 std::string Drafter::check() const {
   std::lock_guard<std::mutex> lk(mu_);
+  std::string g = pool_.check();
+  if (!g.empty()) return g;
   for (size_t i = 0; i < reqs_.size(); ++i) {
     if (!reqs_[i].active || !reqs_[i].local) continue;
     std::string e = reqs_[i].local->check();

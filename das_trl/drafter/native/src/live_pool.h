@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -81,7 +82,22 @@ class LivePool {
   int64_t sibling_groups() const;
   int64_t rebuilds() const { return rebuilds_; }
   int64_t evicted() const { return evicted_; }
+  // (appends, chain steps) summed over the live group automata.
+  std::pair<int64_t, int64_t> walk_totals() const {
+    int64_t a = 0, c = 0;
+    for (const auto& kv : groups_) a += kv.second->sam.appends(), c += kv.second->sam.chain_steps();
+    return {a, c};
+  }
   size_t bytes() const;
+  // Structural self-check of every group automaton (tests): "" when consistent.
+  std::string check() const {
+    for (const auto& kv : groups_) {
+      if (kv.second->dirty) continue;
+      std::string e = kv.second->sam.check();
+      if (!e.empty()) return "group automaton: " + e;
+    }
+    return "";
+  }
 
  private:
   Group& group(uint64_t key);

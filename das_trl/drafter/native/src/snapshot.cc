@@ -11,7 +11,9 @@ Snapshot::Snapshot(const SequenceSet& seqs, int depth, int gram, uint64_t versio
     : depth_(depth), gram_(gram), version_(version) {
   // 1. Structure, and each position's weight on the state of its prefix.
   Automaton a(depth, /*online_counts=*/false);
+  a.reserve(seqs.tokens.size());
   std::vector<int64_t> own;
+  own.reserve(2 * seqs.tokens.size() + 1);
   for (size_t i = 0; i < seqs.size(); ++i) {
     Automaton::Cursor cur;
     const int32_t w = seqs.weights.empty() ? 1 : seqs.weights[i];
