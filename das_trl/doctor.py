@@ -160,6 +160,18 @@ def check_arctic() -> Check:
     return check
 
 
+def check_native_core() -> Check:
+    """The drafter's native core (C++17 + nanobind, built from source by scripts/build_native.sh) loads."""
+    from das_trl.drafter import native
+
+    try:
+        mod = native.load()
+    except ImportError as exc:
+        return Check("native drafter core", WARN, f"not built: the Python reference drafter is used instead, several "
+                     f"times more CPU per engine step ({exc.__cause__ or exc})", "bash scripts/build_native.sh")
+    return Check("native drafter core", OK, f"loads ({mod.__file__.rsplit('/', 1)[-1]})")
+
+
 def check_versions() -> list[Check]:
     """trl and transformers against the tested ranges; peft (optional, for LoRA) reported when present."""
     out = []
@@ -227,7 +239,8 @@ def check_server(url: str) -> Check:
 def run_checks(server_url: str | None = None) -> list[Check]:
     """Every check, in the order they are printed; ``server_url`` adds :func:`check_server`."""
     steps: list[Callable[[], Check | list[Check]]] = [
-        check_python, check_torch, check_engine_build, check_cpu_companions, check_arctic, check_versions,
+        check_python, check_torch, check_engine_build, check_cpu_companions, check_arctic, check_native_core,
+        check_versions,
         check_plugin, check_das_imports, check_default_model,
     ]
     if server_url:

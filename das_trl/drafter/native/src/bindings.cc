@@ -41,7 +41,6 @@ das::DrafterConfig config_from(const nb::dict& d) {
   c.share_siblings = get<bool>(d, "share_running_siblings", c.share_siblings);
   c.share_batch = get<bool>(d, "share_running_batch", c.share_batch);
   c.prompt_tail = get<int>(d, "prompt_tail_tokens", c.prompt_tail);
-  c.max_lingering = get<int64_t>(d, "max_lingering_finished", c.max_lingering);
   c.live_token_budget = get<int64_t>(d, "live_token_budget", c.live_token_budget);
   c.gram = get<int>(d, "support_ngram", c.gram);
   c.kappa = get<double>(d, "evidence_pseudocount", c.kappa);

@@ -15,7 +15,6 @@ LiveConfig live_config(const DrafterConfig& c) {
   l.prompt_tail = c.prompt_tail;
   l.share_siblings = c.share_siblings;
   l.share_batch = c.share_batch;
-  l.max_lingering = c.max_lingering;
   l.live_token_budget = c.live_token_budget;
   return l;
 }
@@ -320,7 +319,7 @@ void Drafter::propose_row(Request& r, int budget, const Snapshot* psnap, const S
     if (cfg_.calibrate) {
       na = cal_.calibrate(c.source, m, prior, c.d.n, cfg_.truncate_by_evidence ? cfg_.min_token_prob : 0.0, acc);
     } else {
-      std::copy(prior, prior + na, acc);
+      for (int i = 0; i < na; ++i) acc[i] = prior[i];
     }
     int cnt = 0;
     for (; cnt < std::min(na, c.d.n); ++cnt) {

@@ -34,8 +34,7 @@ struct DrafterConfig {
   bool use_problem = true, use_global = true, use_local = true;
   bool share_siblings = true, share_batch = true;
   int prompt_tail = 32;
-  int64_t max_lingering = 4096;
-  int64_t live_token_budget = 4'000'000;
+  int64_t live_token_budget = 2'000'000;
   int gram = 3;                 // support_ngram
   double kappa = 2.0, mu = 1.0;
   bool truncate_by_evidence = true;

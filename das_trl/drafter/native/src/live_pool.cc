@@ -115,10 +115,9 @@ void LivePool::stop(int32_t id, int64_t output_len) {
 }
 
 void LivePool::enforce_bounds() {
-  const int64_t max_n = cfg_.max_lingering, max_t = cfg_.live_token_budget;
-  if (static_cast<int64_t>(lingering_count_) <= max_n && finished_tokens_ <= max_t) return;
-  while (!lingering_.empty() &&
-         (static_cast<int64_t>(lingering_count_) > max_n / 2 || finished_tokens_ > max_t / 2)) {
+  const int64_t budget = cfg_.live_token_budget;
+  if (finished_tokens_ <= budget) return;
+  while (!lingering_.empty() && finished_tokens_ > budget / 2) {
     auto [id, gen] = lingering_.front();
     lingering_.pop_front();
     Seq& s = *seqs_[id];

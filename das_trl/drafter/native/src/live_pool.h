@@ -5,9 +5,10 @@
 // (release_finished) or the lingering bounds push them out; an automaton cannot forget a sequence, so a group
 // that lost members is rebuilt from the rest before its next use.
 //
-// Lingering bounds (same rule as das_trl/drafter/live.py): when the finished sequences exceed max_lingering
-// sequences or live_token_budget tokens, the oldest are dropped (stop order) until both are at most half of their
-// bound, so a group is rebuilt at most once per half-bound of new finished tokens.
+// Lingering bound (same rule as das_trl/drafter/live.py): a finished sequence holds its prompt tail + output
+// tokens; when, after a stop, the finished sequences hold more than live_token_budget tokens, the oldest (stop
+// order) are dropped until they hold at most half of it, so a group is rebuilt at most once per half-budget of new
+// finished tokens.
 // Not thread-safe; the drafter locks.
 #pragma once
 
@@ -29,8 +30,7 @@ struct LiveConfig {
   int prompt_tail = 32;
   bool share_siblings = true;
   bool share_batch = true;
-  int64_t max_lingering = 4096;
-  int64_t live_token_budget = 4'000'000;
+  int64_t live_token_budget = 2'000'000;
 };
 
 // Group key of the cross-problem batch group (problem keys are < 2**63).

@@ -46,46 +46,45 @@ Snapshot::Snapshot(const SequenceSet& seqs, int depth, int gram, uint64_t versio
     int32_t s = order[i];  // shortest first: the root is 0 again
     if (s == 0 || st[st[s].link].len < depth) id[s] = m++;
   }
-  len_.resize(m);
-  link_.resize(m);
-  cnt_.resize(m);
-  best_.assign(m, -1);
-  distinct_.assign(m, 0);
-  edge_begin_.assign(m + 1, 0);
+  st_.assign(m + 1, State{0, -1, 0, 0, -1, -1, 0, 0});
   std::vector<int32_t> old_of(m);
   for (int32_t s = 0; s < n; ++s) {
     if (id[s] < 0) continue;
-    int32_t t = id[s];
-    old_of[t] = s;
-    len_[t] = st[s].len;
-    link_[t] = s == 0 ? -1 : id[st[s].link];
-    cnt_[t] = static_cast<int32_t>(std::min<int64_t>(own[s], INT32_MAX));
+    State& x = st_[id[s]];
+    old_of[id[s]] = s;
+    x.len = st[s].len;
+    x.link = s == 0 ? -1 : id[st[s].link];
+    x.cnt = static_cast<int32_t>(std::min<int64_t>(own[s], INT32_MAX));
   }
   // 4. Edges between kept states, sorted by token; the best one per state (largest count, then smallest token).
   std::vector<std::pair<int32_t, int32_t>> buf;
+  edges_.reserve(seqs.tokens.size() + m);
   for (int32_t t = 0; t < m; ++t) {
     buf.clear();
-    int32_t s = old_of[t];
-    a.for_each_edge(s, [&](int32_t tok, int32_t tgt) {
+    a.for_each_edge(old_of[t], [&](int32_t tok, int32_t tgt) {
       if (id[tgt] >= 0) buf.emplace_back(tok, id[tgt]);
     });
     std::sort(buf.begin(), buf.end());
-    edge_begin_[t] = static_cast<int32_t>(etok_.size());
+    State& x = st_[t];
+    x.edge_begin = static_cast<int32_t>(edges_.size());
     int32_t best_cnt = -1;
     for (const auto& [tok, tgt] : buf) {
-      if (cnt_[tgt] > best_cnt) {
-        best_cnt = cnt_[tgt];
-        best_[t] = static_cast<int32_t>(etok_.size());
+      if (st_[tgt].cnt > best_cnt) {
+        best_cnt = st_[tgt].cnt;
+        x.best_tok = tok;
+        x.best_tgt = tgt;
       }
-      etok_.push_back(tok);
-      etgt_.push_back(tgt);
+      edges_.push_back(Edge{tok, tgt});
     }
   }
-  edge_begin_[m] = static_cast<int32_t>(etok_.size());
-  etok_.shrink_to_fit();
-  etgt_.shrink_to_fit();
+  st_[m].edge_begin = static_cast<int32_t>(edges_.size());
+  edges_.shrink_to_fit();
   // 5. Support: for each g-gram state, the distinct sequences with a position whose g-long suffix it holds.
   std::vector<int32_t> last_seq(m, -1);
+  auto down = [&](int32_t v, int64_t l) {
+    while (v != 0 && st_[st_[v].link].len >= l) v = st_[v].link;
+    return v;
+  };
   for (size_t i = 0; i < seqs.size(); ++i) {
     int32_t v = 0;
     int64_t l = 0;
@@ -95,12 +94,12 @@ Snapshot::Snapshot(const SequenceSet& seqs, int depth, int gram, uint64_t versio
       // gram - 1 before advancing keeps v on states whose edges survived the pruning (gram <= depth).
       if (l > gram_ - 1) {
         l = gram_ - 1;
-        while (v != 0 && len_[link_[v]] >= l) v = link_[v];
+        v = down(v, l);
       }
       int32_t nx = find(v, c);
       while (nx < 0 && v != 0) {
-        v = link_[v];
-        l = len_[v];
+        v = st_[v].link;
+        l = st_[v].len;
         nx = find(v, c);
       }
       if (nx < 0) { v = 0; l = 0; continue; }  // unreachable: every token of a built sequence has an edge
@@ -108,17 +107,10 @@ Snapshot::Snapshot(const SequenceSet& seqs, int depth, int gram, uint64_t versio
       ++l;
       if (l == gram_ && last_seq[v] != static_cast<int32_t>(i)) {
         last_seq[v] = static_cast<int32_t>(i);
-        ++distinct_[v];
+        ++st_[v].distinct;
       }
     }
   }
-}
-
-size_t Snapshot::bytes() const {
-  size_t b = 0;
-  for (const auto* v : {&len_, &link_, &cnt_, &edge_begin_, &best_, &distinct_, &etok_, &etgt_})
-    b += v->capacity() * sizeof(int32_t);
-  return b + sizeof(*this);
 }
 
 }  // namespace das

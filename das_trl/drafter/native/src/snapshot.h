@@ -25,44 +25,52 @@ class Snapshot {
   Snapshot(const SequenceSet& seqs, int depth, int gram, uint64_t version);
 
   int32_t find(int32_t s, int32_t token) const {
-    int32_t lo = edge_begin_[s], hi = edge_begin_[s + 1];
+    int32_t lo = st_[s].edge_begin, hi = st_[s + 1].edge_begin;
     if (hi - lo <= 8) {
       for (int32_t e = lo; e < hi; ++e)
-        if (etok_[e] == token) return etgt_[e];
+        if (edges_[e].token == token) return edges_[e].target;
       return -1;
     }
+    const int32_t end = hi;
     while (lo < hi) {
       int32_t mid = (lo + hi) >> 1;
-      if (etok_[mid] < token) lo = mid + 1; else hi = mid;
+      if (edges_[mid].token < token) lo = mid + 1; else hi = mid;
     }
-    return (lo < edge_begin_[s + 1] && etok_[lo] == token) ? etgt_[lo] : -1;
+    return (lo < end && edges_[lo].token == token) ? edges_[lo].target : -1;
   }
-  int32_t len(int32_t s) const { return len_[s]; }
-  int32_t link(int32_t s) const { return link_[s]; }
-  int32_t cnt(int32_t s) const { return cnt_[s]; }
+  int32_t len(int32_t s) const { return st_[s].len; }
+  int32_t link(int32_t s) const { return st_[s].link; }
+  int32_t cnt(int32_t s) const { return st_[s].cnt; }
   bool best(int32_t s, int32_t& token, int32_t& target) const {
-    int32_t e = best_[s];
-    if (e < 0) return false;
-    token = etok_[e];
-    target = etgt_[e];
+    const State& x = st_[s];
+    if (x.best_tok < 0) return false;
+    token = x.best_tok;
+    target = x.best_tgt;
     return true;
   }
   // Distinct sequences containing the g-gram held by state s (s must hold a string of length gram).
-  int32_t distinct(int32_t s) const { return distinct_[s]; }
+  int32_t distinct(int32_t s) const { return st_[s].distinct; }
   int depth() const { return depth_; }
   int gram() const { return gram_; }
   uint64_t version() const { return version_; }
   int64_t num_tokens() const { return num_tokens_; }
   int64_t num_sequences() const { return num_sequences_; }
-  size_t num_states() const { return len_.size(); }
-  size_t bytes() const;
+  size_t num_states() const { return st_.size() - 1; }
+  size_t bytes() const { return st_.capacity() * sizeof(State) + edges_.capacity() * sizeof(Edge) + sizeof(*this); }
 
  private:
+  // One cache line holds two states: a draft step reads len/cnt/best of one state in one access.
+  struct State {
+    int32_t len, link, cnt, edge_begin, best_tok, best_tgt, distinct, pad;
+  };
+  struct Edge {
+    int32_t token, target;
+  };
   int depth_, gram_;
   uint64_t version_;
   int64_t num_tokens_ = 0, num_sequences_ = 0;
-  std::vector<int32_t> len_, link_, cnt_, edge_begin_, best_, distinct_;
-  std::vector<int32_t> etok_, etgt_;
+  std::vector<State> st_;  // num_states + 1 (a sentinel holding the end of the last edge range)
+  std::vector<Edge> edges_;
 };
 
 }  // namespace das
