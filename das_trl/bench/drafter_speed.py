@@ -102,6 +102,17 @@ def run_batch(kind: str, wl: Workload, history: list[tuple[list, list]], batch: 
         prop.attach(SimpleNamespace(input_batch=fb, requests={}))
         for ps, cs in history:
             prop.add_history(ps, cs, background=False)
+        step_time = [0.0, 0.0]
+        inner = prop.drafter.step
+
+        def timed_step(*a, **kw):  # the drafter's share of the proposer's time
+            t0, c0 = time.perf_counter(), time.thread_time()
+            out = inner(*a, **kw)
+            step_time[0] += time.perf_counter() - t0
+            step_time[1] += time.thread_time() - c0
+            return out
+
+        prop.drafter.step = timed_step
         call = lambda sampled: prop.propose(sampled, fb.num_tokens_no_spec.copy(), fb.token_ids_cpu)  # noqa: E731
     else:
         from vllm.v1.spec_decode.suffix_decoding import SuffixDecodingProposer
@@ -132,6 +143,8 @@ def run_batch(kind: str, wl: Workload, history: list[tuple[list, list]], batch: 
     drafts = call(sampled)
     wall = cpu = 0.0
     rows = tokens = 0
+    if kind == "das":
+        step_time[:] = [0.0, 0.0]
     for _ in range(rounds):
         sampled = []
         for r in range(batch):
@@ -152,6 +165,7 @@ def run_batch(kind: str, wl: Workload, history: list[tuple[list, list]], batch: 
         rows += batch
     out = {"us_wall": 1e6 * wall / rows, "us_cpu": 1e6 * cpu / rows, "tokens_per_round": tokens / rows}
     if kind == "das":
+        out["drafter_us_wall"], out["drafter_us_cpu"] = (1e6 * x / rows for x in step_time)
         s = prop.drafter.stats()
         out["bytes_per_history_token"] = s.get("bytes_per_history_token")
         out["live_bytes"] = s.get("live_bytes")
@@ -240,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip", default="", help="configurations to skip, e.g. '1024x16384'")
     args = ap.parse_args(argv)
     kinds = ["das"] + ([args.compare] if args.compare == "suffix" else [])
-    print(f"{'batch':>6}{'context':>9}  {'proposer':<8}{'us/req-round':>13}{'(cpu)':>8}{'tok/round':>10}")
+    print(f"{'batch':>6}{'context':>9}  {'proposer':<8}{'us/req-round':>13}{'(cpu)':>8}{'tok/round':>10}"
+          f"  {'of which drafter step':>22}")
     for batch in [int(x) for x in args.batch.split(",")]:
         for context in [int(x) for x in args.context.split(",")]:
             if f"{batch}x{context}" in args.skip.split(","):
@@ -253,8 +268,9 @@ def main(argv: list[str] | None = None) -> int:
             for kind in kinds:
                 res[kind] = run_batch(kind, wl, history, batch, context, args.rounds, args.k, args.backend)
                 r = res[kind]
+                inner = (f"  {r['drafter_us_wall']:>12.1f} ({r['drafter_us_cpu']:.1f} cpu)" if kind == "das" else "")
                 print(f"{batch:>6}{context:>9}  {kind:<8}{r['us_wall']:>13.1f}{r['us_cpu']:>8.1f}"
-                      f"{r['tokens_per_round']:>10.3f}", flush=True)
+                      f"{r['tokens_per_round']:>10.3f}{inner}", flush=True)
             if "suffix" in res:
                 print(f"{'':>17}DAS / suffix per request-round: {res['das']['us_wall'] / res['suffix']['us_wall']:.2f}x "
                       f"(cpu {res['das']['us_cpu'] / res['suffix']['us_cpu']:.2f}x); DAS history "

@@ -39,14 +39,13 @@ void Automaton::add_edge(int32_t s, int32_t token, int32_t target) {
   trans_[key(s, token)] = e;
 }
 
-void Automaton::redirect(int32_t s, int32_t token, int32_t target) {
-  State& x = st_[s];
-  if (x.e0_tok == token) {
-    x.e0_tgt = target;
-  } else {
-    edges_[*trans_.find(key(s, token))].target = target;
+void Automaton::redirect_chain(int32_t p, int32_t token, int32_t q, int32_t c) {
+  for (; p >= 0; p = st_[p].link) {
+    int32_t* ref = target_ref(p, token);
+    if (!ref || *ref != q) return;
+    *ref = c;
+    if (st_[p].best_tok == token) st_[p].best_tgt = c;
   }
-  if (x.best_tok == token) x.best_tgt = target;
 }
 
 int32_t Automaton::clone(int32_t q, int32_t len) {
@@ -62,23 +61,29 @@ int32_t Automaton::clone(int32_t q, int32_t len) {
 // Generalized suffix automaton extension: `last` holds the whole sequence as its longest string (true for every
 // sequence at all times, since the whole sequence is the only string ending at its own end position).
 int32_t Automaton::extend(int32_t last, int32_t token) {
-  int32_t q = find(last, token);
-  if (q >= 0) {
+  const int32_t* ref = target_ref(last, token);
+  if (ref) {
+    const int32_t q = *ref;
     if (st_[q].len == st_[last].len + 1) return q;
     int32_t c = clone(q, st_[last].len + 1);
-    for (int32_t p = last; p >= 0 && find(p, token) == q; p = st_[p].link) redirect(p, token, c);
+    redirect_chain(last, token, q, c);
     return c;
   }
   int32_t cur = new_state(st_[last].len + 1, 0);
-  int32_t p = last;
-  for (; p >= 0 && find(p, token) < 0; p = st_[p].link) add_edge(p, token, cur);
+  int32_t p = last, q = -1;
+  for (; p >= 0; p = st_[p].link) {
+    if (const int32_t* r = target_ref(p, token)) {
+      q = *r;
+      break;
+    }
+    add_edge(p, token, cur);
+  }
   if (p >= 0) {
-    q = find(p, token);
     if (st_[p].len + 1 == st_[q].len) {
       st_[cur].link = q;
     } else {
       int32_t c = clone(q, st_[p].len + 1);
-      for (; p >= 0 && find(p, token) == q; p = st_[p].link) redirect(p, token, c);
+      redirect_chain(p, token, q, c);
       st_[cur].link = c;
     }
   }

@@ -68,6 +68,14 @@ class Automaton {
     const int32_t* e = trans_.find(key(s, token));
     return e ? edges_[*e].target : -1;
   }
+  // The target field of s's transition on token (to read or redirect it), or nullptr.
+  int32_t* target_ref(int32_t s, int32_t token) {
+    State& x = st_[s];
+    if (x.e0_tok == token) return &x.e0_tgt;
+    if (x.more < 0) return nullptr;
+    int32_t* e = trans_.find(key(s, token));
+    return e ? &edges_[*e].target : nullptr;
+  }
   int32_t len(int32_t s) const { return st_[s].len; }
   int32_t link(int32_t s) const { return st_[s].link; }
   int32_t cnt(int32_t s) const { return st_[s].cnt; }
@@ -101,8 +109,8 @@ class Automaton {
   }
   int32_t new_state(int32_t len, int32_t link);
   void add_edge(int32_t s, int32_t token, int32_t target);
-  // Points s's existing transition on token to target (and its best continuation, if that is the token).
-  void redirect(int32_t s, int32_t token, int32_t target);
+  // Points the transitions on token that lead to q, along the suffix-link chain from p, to c.
+  void redirect_chain(int32_t p, int32_t token, int32_t q, int32_t c);
   int32_t clone(int32_t q, int32_t len);
   int32_t extend(int32_t last, int32_t token);
   // The state on `s`'s suffix-link chain holding the suffix of length n (s must hold a suffix of length >= n).
