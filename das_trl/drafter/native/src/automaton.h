@@ -94,6 +94,15 @@ class Automaton {
     if (x.e0_tok >= 0) f(x.e0_tok, x.e0_tgt);
     for (int32_t e = x.more; e >= 0; e = edges_[e].next) f(edges_[e].token, edges_[e].target);
   }
+  // Calls f(owner state, token, target) for every transition not stored inline, in table order (sequential memory).
+  template <class F>
+  void for_each_extra_edge(F&& f) const {
+    trans_.for_each([&](uint64_t k, int32_t e) {
+      f(static_cast<int32_t>(k >> 32), static_cast<int32_t>(k & 0xFFFFFFFFu), edges_[e].target);
+    });
+  }
+  // The state on s's suffix-link chain holding the suffix of length n (s must hold a suffix of length >= n).
+  int32_t suffix_state(int32_t s, int64_t n) const { return down_to(s, n); }
   int depth() const { return depth_; }
   size_t num_states() const { return st_.size(); }
   const std::vector<State>& states() const { return st_; }

@@ -9,22 +9,28 @@ namespace das {
 
 Snapshot::Snapshot(const SequenceSet& seqs, int depth, int gram, uint64_t version)
     : depth_(depth), gram_(gram), version_(version) {
-  // 1. Structure, and each position's weight on the state of its prefix.
+  // 1. Structure, each position's weight on the state of its prefix, and the state holding each position's
+  // gram-long suffix at insertion time (later clones only split states: walking down by length finds it again).
   Automaton a(depth, /*online_counts=*/false);
   a.reserve(seqs.tokens.size());
   std::vector<int64_t> own;
   own.reserve(2 * seqs.tokens.size() + 1);
+  std::vector<int32_t> gram_state(seqs.tokens.size(), -1);
   for (size_t i = 0; i < seqs.size(); ++i) {
     Automaton::Cursor cur;
+    int32_t gptr = 0;
     const int32_t w = seqs.weights.empty() ? 1 : seqs.weights[i];
     for (int64_t p = seqs.offsets[i]; p < seqs.offsets[i + 1]; ++p) {
+      const int64_t L = cur.len;
+      const int32_t old = gptr;
       a.append(cur, seqs.tokens[p], w);
       if (own.size() < a.num_states()) own.resize(a.num_states(), 0);
       own[cur.last] += w;
+      gptr = L + 1 <= gram ? cur.last : a.find(a.suffix_state(old, gram - 1), seqs.tokens[p]);
+      if (L + 1 >= gram) gram_state[p] = gptr;
     }
     num_tokens_ += seqs.offsets[i + 1] - seqs.offsets[i];
   }
-  num_sequences_ = static_cast<int64_t>(seqs.size());
   const auto& st = a.states();
   const int32_t n = static_cast<int32_t>(st.size());
   own.resize(n, 0);
@@ -47,65 +53,57 @@ Snapshot::Snapshot(const SequenceSet& seqs, int depth, int gram, uint64_t versio
     if (s == 0 || st[st[s].link].len < depth) id[s] = m++;
   }
   st_.assign(m + 1, State{0, -1, 0, 0, -1, -1, 0, 0});
-  std::vector<int32_t> old_of(m);
   for (int32_t s = 0; s < n; ++s) {
     if (id[s] < 0) continue;
     State& x = st_[id[s]];
-    old_of[id[s]] = s;
     x.len = st[s].len;
     x.link = s == 0 ? -1 : id[st[s].link];
     x.cnt = static_cast<int32_t>(std::min<int64_t>(own[s], INT32_MAX));
   }
-  // 4. Edges between kept states, sorted by token; the best one per state (largest count, then smallest token).
-  std::vector<std::pair<int32_t, int32_t>> buf;
-  edges_.reserve(seqs.tokens.size() + m);
+  // 4. Edges between kept states in CSR form, sorted by token; the best one per state (largest count, then
+  // smallest token). Extra edges come from the transition table in memory order, not per-state list walks.
+  auto kept = [&](int32_t s) { return s >= 0 && id[s] >= 0; };
+  for (int32_t s = 0; s < n; ++s)
+    if (kept(s) && st[s].e0_tok >= 0 && kept(st[s].e0_tgt)) ++st_[id[s]].edge_begin;
+  a.for_each_extra_edge([&](int32_t s, int32_t, int32_t tgt) {
+    if (kept(s) && kept(tgt)) ++st_[id[s]].edge_begin;
+  });
+  int32_t total = 0;
+  for (int32_t t = 0; t <= m; ++t) {
+    int32_t c = st_[t].edge_begin;
+    st_[t].edge_begin = total;
+    total += c;
+  }
+  edges_.resize(total);
+  std::vector<int32_t> fill(m);
+  for (int32_t t = 0; t < m; ++t) fill[t] = st_[t].edge_begin;
+  for (int32_t s = 0; s < n; ++s)
+    if (kept(s) && st[s].e0_tok >= 0 && kept(st[s].e0_tgt))
+      edges_[fill[id[s]]++] = Edge{st[s].e0_tok, id[st[s].e0_tgt]};
+  a.for_each_extra_edge([&](int32_t s, int32_t tok, int32_t tgt) {
+    if (kept(s) && kept(tgt)) edges_[fill[id[s]]++] = Edge{tok, id[tgt]};
+  });
   for (int32_t t = 0; t < m; ++t) {
-    buf.clear();
-    a.for_each_edge(old_of[t], [&](int32_t tok, int32_t tgt) {
-      if (id[tgt] >= 0) buf.emplace_back(tok, id[tgt]);
-    });
-    std::sort(buf.begin(), buf.end());
+    Edge* lo = edges_.data() + st_[t].edge_begin;
+    Edge* hi = edges_.data() + st_[t + 1].edge_begin;
+    if (hi - lo > 1) std::sort(lo, hi, [](const Edge& x, const Edge& y) { return x.token < y.token; });
     State& x = st_[t];
-    x.edge_begin = static_cast<int32_t>(edges_.size());
     int32_t best_cnt = -1;
-    for (const auto& [tok, tgt] : buf) {
-      if (st_[tgt].cnt > best_cnt) {
-        best_cnt = st_[tgt].cnt;
-        x.best_tok = tok;
-        x.best_tgt = tgt;
+    for (const Edge* e = lo; e < hi; ++e) {
+      if (st_[e->target].cnt > best_cnt) {
+        best_cnt = st_[e->target].cnt;
+        x.best_tok = e->token;
+        x.best_tgt = e->target;
       }
-      edges_.push_back(Edge{tok, tgt});
     }
   }
-  st_[m].edge_begin = static_cast<int32_t>(edges_.size());
-  edges_.shrink_to_fit();
-  // 5. Support: for each g-gram state, the distinct sequences with a position whose g-long suffix it holds.
+  // 5. Support: per gram state, the distinct sequences with a position whose gram-long suffix it holds.
   std::vector<int32_t> last_seq(m, -1);
-  auto down = [&](int32_t v, int64_t l) {
-    while (v != 0 && st_[st_[v].link].len >= l) v = st_[v].link;
-    return v;
-  };
   for (size_t i = 0; i < seqs.size(); ++i) {
-    int32_t v = 0;
-    int64_t l = 0;
     for (int64_t p = seqs.offsets[i]; p < seqs.offsets[i + 1]; ++p) {
-      int32_t c = seqs.tokens[p];
-      // The whole sequence is in the automaton, so its capped match is always min(gram, prefix) long. Capping at
-      // gram - 1 before advancing keeps v on states whose edges survived the pruning (gram <= depth).
-      if (l > gram_ - 1) {
-        l = gram_ - 1;
-        v = down(v, l);
-      }
-      int32_t nx = find(v, c);
-      while (nx < 0 && v != 0) {
-        v = st_[v].link;
-        l = st_[v].len;
-        nx = find(v, c);
-      }
-      if (nx < 0) { v = 0; l = 0; continue; }  // unreachable: every token of a built sequence has an edge
-      v = nx;
-      ++l;
-      if (l == gram_ && last_seq[v] != static_cast<int32_t>(i)) {
+      if (gram_state[p] < 0) continue;
+      const int32_t v = id[a.suffix_state(gram_state[p], gram_)];
+      if (last_seq[v] != static_cast<int32_t>(i)) {
         last_seq[v] = static_cast<int32_t>(i);
         ++st_[v].distinct;
       }
