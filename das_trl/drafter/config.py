@@ -77,6 +77,10 @@ class DrafterConfig:
             continuations (docs/architecture.md).
         builder_threads: native threads building history automata (``native`` backend; 1-64; default: one fewer
             than the CPU cores, at most 4, so the engine thread keeps a core).
+        draft_threads: threads that draft the rows of one engine step in parallel (``native`` backend; the
+            calling thread included; 1-64; default: half the CPU cores, at most 8: 1 on a 2-core machine, where
+            a second thread only competes with the engine's). vLLM runs the drafter synchronously, so a GPU
+            engine's CPU threads are idle meanwhile; drafts are the same for any value.
 
     Calibration from verification outcomes (``calibration.py``):
         calibrate_acceptance: scale each a_i by the observed/predicted acceptance ratio of its
@@ -117,6 +121,7 @@ class DrafterConfig:
     calibration_step_decay: float = 0.5
     backend: str = "auto"
     builder_threads: int = field(default_factory=lambda: max(1, min(4, (os.cpu_count() or 2) - 1)))
+    draft_threads: int = field(default_factory=lambda: max(1, min(8, (os.cpu_count() or 1) // 2)))
 
     def __post_init__(self) -> None:
         def need(ok: bool, msg: str) -> None:
@@ -155,8 +160,10 @@ class DrafterConfig:
              f"calibration_pseudocount must be > 0, got {self.calibration_pseudocount}")
         need(self.backend in ("auto", "native", "python"),
              f"backend must be 'auto', 'native' or 'python', got {self.backend!r}")
-        need(isinstance(self.builder_threads, int) and 1 <= self.builder_threads <= 64,
-             f"builder_threads must be an int in [1, 64], got {self.builder_threads!r}")
+        for name in ("builder_threads", "draft_threads"):
+            value = getattr(self, name)
+            need(isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 64,
+                 f"{name} must be an int in [1, 64], got {value!r}")
         need(isinstance(self.support_table_bits, int) and 10 <= self.support_table_bits <= 30,
              f"support_table_bits must be an int in [10, 30], got {self.support_table_bits!r}")
 

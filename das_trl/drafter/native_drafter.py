@@ -71,6 +71,7 @@ class NativeDASDrafter:
             "calibration_pseudocount": float(c.calibration_pseudocount),
             "calibration_step_decay": float(c.calibration_step_decay),
             "builder_threads": int(getattr(c, "builder_threads", 1)),
+            "draft_threads": int(getattr(c, "draft_threads", 1)),
         })
         self._lock = threading.RLock()
         self._clear_python()

@@ -17,11 +17,12 @@ pytestmark = pytest.mark.skipif(not native.available(), reason="native core not 
 def pair(**kw):
     from das_trl.drafter.native_drafter import NativeDASDrafter
 
+    kw.setdefault("draft_threads", 1)
     cfg = DrafterConfig(support_table_bits=22, **kw)  # wide count-min table: no collisions at this size
     return NativeDASDrafter(cfg), DASDrafter(cfg, tree_factory=ReferenceSuffixTree)
 
 
-CASES = [
+CASES = [  # DrafterConfig fields, plus simulation sizes (vocab, out_len, n_problems, samples, steps)
     dict(),
     dict(vocab=8),  # heavy repetition: many equal counts (ties), long chains
     dict(vocab=200, out_len=100),
@@ -31,13 +32,14 @@ CASES = [
     dict(truncate_by_evidence=False, global_samples_per_appearance=0),
     dict(use_local_tree=False, share_running_batch=False, prompt_tail_tokens=4),
     dict(max_tree_depth=12, match_context_tokens=8, support_ngram=4),
+    dict(draft_threads=3, n_problems=6, samples=8, steps=2),  # rows drafted by three threads
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[",".join(f"{k}={v}" for k, v in c.items()) or "defaults" for c in CASES])
+@pytest.mark.parametrize("case", [dict(c) for c in CASES], ids=[",".join(f"{k}={v}" for k, v in c.items()) or "defaults" for c in CASES])
 @pytest.mark.parametrize("use_step", [True, False], ids=["step", "propose_batch"])
 def test_native_equals_reference(case, use_step):
-    sim = {k: case.pop(k) for k in ("vocab", "out_len") if k in case}
+    sim = {k: case.pop(k) for k in ("vocab", "out_len", "n_problems", "samples", "steps") if k in case}
     nat, ref = pair(**case)
     bad, rows = simulate_pair(nat, ref, seed=len(str(case)), use_step=use_step, **sim)
     assert rows > 300

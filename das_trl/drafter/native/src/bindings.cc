@@ -50,6 +50,7 @@ das::DrafterConfig config_from(const nb::dict& d) {
   c.cal_pseudocount = get<double>(d, "calibration_pseudocount", c.cal_pseudocount);
   c.cal_decay = get<double>(d, "calibration_step_decay", c.cal_decay);
   c.builder_threads = get<int>(d, "builder_threads", c.builder_threads);
+  c.draft_threads = get<int>(d, "draft_threads", c.draft_threads);
   return c;
 }
 

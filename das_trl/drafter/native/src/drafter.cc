@@ -74,6 +74,7 @@ void DrafterConfig::validate() const {
   need(gram >= 2 && gram <= depth, "support_ngram must be in [2, max_tree_depth], got " + std::to_string(gram));
   need(cal_bins >= 1 && cal_pseudocount > 0 && cal_cap > cal_pseudocount, "bad calibration settings");
   need(builder_threads >= 1 && builder_threads <= 64, "builder_threads must be in [1, 64]");
+  need(draft_threads >= 1 && draft_threads <= 64, "draft_threads must be in [1, 64]");
 }
 
 Drafter::Drafter(const DrafterConfig& cfg)
@@ -87,6 +88,7 @@ Drafter::Drafter(const DrafterConfig& cfg)
   sp_.offset = static_cast<float>(cfg.max_spec_offset);
   sp_.min_prob = static_cast<float>(cfg.min_token_prob);
   sp_.prepare();
+  if (cfg.draft_threads > 1) workers_ = std::make_unique<WorkerPool>(cfg.draft_threads);
 }
 
 Drafter::Request& Drafter::req(int32_t slot) {
@@ -202,14 +204,15 @@ int64_t Drafter::snapshot_support(const Snapshot& s, const RawDraft& d, const in
   return s.distinct(u);
 }
 
-void Drafter::propose_row(Request& r, int budget, const Snapshot* psnap, const Snapshot* gsnap, RowOut& out) {
+void Drafter::propose_row(Request& r, int budget, const Snapshot* psnap, const Snapshot* gsnap, RowOut& out,
+                          Counters& ctr) {
   out.length = 0;
   out.source = -1;
   out.match_len = 0;
   r.pend_n = -1;  // a draft never reported verified teaches nothing
   const int k = std::min(budget, cfg_.max_spec_tokens);
   if (k <= 0) return;
-  ++ctr_.proposals;
+  ++ctr.proposals;
   const int g = cfg_.gram;
   const int ctx_len = static_cast<int>(std::min<int64_t>(cfg_.match_context, r.text_len));
   const int32_t* ctx = r.ctx.data() + r.ctx.size() - ctx_len;
@@ -348,9 +351,9 @@ void Drafter::propose_row(Request& r, int budget, const Snapshot* psnap, const S
   r.pend_source = c.source;
   r.pend_match = c.d.match_len;
   std::copy(best_prior, best_prior + best_n, r.pend_prior);
-  ++ctr_.drafts;
-  ctr_.draft_tokens += best_n;
-  ++ctr_.wins[c.source];
+  ++ctr.drafts;
+  ctr.draft_tokens += best_n;
+  ++ctr.wins[c.source];
 }
 
 void Drafter::propose(const int32_t* slots, const int32_t* budgets, int64_t n, int32_t* tokens, double* accept,
@@ -368,16 +371,32 @@ void Drafter::propose_rows(const int32_t* slots, const int32_t* budgets, int64_t
   keys_buf_[n] = HistoryIndex::kGlobalKey;
   history_.get_many(keys_buf_.data(), keys_buf_.size(), snaps_buf_);
   const Snapshot* gsnap = snaps_buf_[n].get();
+  // Groups that lost members are rebuilt before the rows are drafted in parallel (drafting only reads them).
   for (int64_t i = 0; i < n; ++i) {
-    RowOut out;
-    out.tokens = tokens + i * K;
-    out.accept = accept + i * K;
-    std::fill(out.tokens, out.tokens + K, 0);
-    std::fill(out.accept, out.accept + K, 0.0);
-    propose_row(reqs_[slots[i]], budgets[i], snaps_buf_[i].get(), gsnap, out);
-    lengths[i] = out.length;
-    source[i] = out.source;
-    match_len[i] = out.match_len;
+    const int32_t seq = reqs_[slots[i]].seq;
+    if (seq >= 0) pool_.group_of(seq, 0), pool_.group_of(seq, 1);
+  }
+  const int threads = workers_ ? workers_->threads() : 1;
+  worker_ctr_.assign(threads, Counters());
+  auto rows = [&](int64_t begin, int64_t end, int w) {
+    for (int64_t i = begin; i < end; ++i) {
+      RowOut out;
+      out.tokens = tokens + i * K;
+      out.accept = accept + i * K;
+      std::fill(out.tokens, out.tokens + K, 0);
+      std::fill(out.accept, out.accept + K, 0.0);
+      propose_row(reqs_[slots[i]], budgets[i], snaps_buf_[i].get(), gsnap, out, worker_ctr_[w]);
+      lengths[i] = out.length;
+      source[i] = out.source;
+      match_len[i] = out.match_len;
+    }
+  };
+  if (workers_) workers_->run(n, rows); else rows(0, n, 0);
+  for (const Counters& c : worker_ctr_) {
+    ctr_.proposals += c.proposals;
+    ctr_.drafts += c.drafts;
+    ctr_.draft_tokens += c.draft_tokens;
+    for (int s = 0; s < kNumSources; ++s) ctr_.wins[s] += c.wins[s];
   }
   snaps_buf_.clear();  // do not keep superseded snapshots alive between steps
 }

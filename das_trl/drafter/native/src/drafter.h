@@ -20,6 +20,7 @@
 #include "history_index.h"
 #include "live_pool.h"
 #include "speculate.h"
+#include "worker_pool.h"
 
 namespace das {
 
@@ -42,6 +43,7 @@ struct DrafterConfig {
   double cal_pseudocount = 8.0, cal_decay = 0.5, cal_cap = 2000.0;
   int cal_bins = 10;
   int builder_threads = 1;
+  int draft_threads = 1;        // threads drafting the rows of one engine step (the calling thread included)
   void validate() const;
 };
 
@@ -133,7 +135,8 @@ class Drafter {
   const Request& req(int32_t slot) const;
   void sync_history(Request& r, const Snapshot& s, HistMatch& hm) const;
   int64_t snapshot_support(const Snapshot& s, const RawDraft& d, const int32_t* ctx, int ctx_len) const;
-  void propose_row(Request& r, int budget, const Snapshot* problem_snap, const Snapshot* global_snap, RowOut& out);
+  void propose_row(Request& r, int budget, const Snapshot* problem_snap, const Snapshot* global_snap, RowOut& out,
+                   Counters& ctr);
   void start_locked(int32_t slot, const int32_t* prompt, int64_t n, uint64_t problem);
   void extend_locked(Request& r, const int32_t* tokens, int64_t n);
   void stop_locked(Request& r);
@@ -151,6 +154,8 @@ class Drafter {
   Counters ctr_;
   int64_t active_ = 0;
   std::vector<std::shared_ptr<const Snapshot>> snaps_buf_;
+  std::unique_ptr<WorkerPool> workers_;
+  std::vector<Counters> worker_ctr_;
   std::vector<uint64_t> keys_buf_;
 };
 
