@@ -217,15 +217,30 @@ def _vllm_server_parser():
 
 
 @pytest.mark.parametrize("flags", [["--async-scheduling"], ["--no-async-scheduling"], ["--async_scheduling"],
-                                   ["-dp", "2"], ["--data-parallel-size=3"], ["--dtype", "float32"], []])
+                                   ["-dp", "2"], ["--data-parallel-size=3"], ["-pp", "2"],
+                                   ["--pipeline_parallel_size=2"], ["--dtype", "float32"], []])
 def test_serve_reads_the_flags_as_vllm_does(flags):
     """das-trl serve's reading of the refused flags agrees with the installed vLLM server's own parser."""
     from das_trl.vllm import engine_check
 
     vllm_args = _vllm_server_parser().parse_args(["--model", "m", *flags])
-    problems = engine_check.check_server_args(flags, environ={})
+    problems = engine_check.check_server_args(flags, environ={}, release=(0, 32, 0))
     assert any("--async-scheduling" in p for p in problems) == bool(vllm_args.async_scheduling)
     assert any("--data-parallel-size" in p for p in problems) == (vllm_args.data_parallel_size != 1)
+    assert any("--pipeline-parallel-size" in p for p in problems) == (vllm_args.pipeline_parallel_size > 1)
+
+
+def test_serve_pipeline_parallelism_refused_on_vllm_0_32_only(monkeypatch, no_server_start, caplog):
+    """vLLM 0.32 fails at engine start with speculation and PP > 1 (vLLM #30436, seen here with PP = 2 on the CPU
+    build): refused there; other releases get a warning (the no-drafter stages are handled, not run)."""
+    from das_trl.vllm import engine_check
+
+    assert engine_check.check_server_args(["-pp", "2"], environ={}, release=(0, 33, 0)) == []
+    assert "#30436" in engine_check.server_arg_warnings(["-pp", "2"], release=(0, 33, 0))[0]
+    assert engine_check.server_arg_warnings(["-pp", "2"], release=(0, 32, 0)) == []
+    monkeypatch.setattr(serve, "vllm_release", lambda: (0, 32, 0))
+    assert serve.main(["--model", "/models/m", "--pipeline-parallel-size", "2"]) == 2
+    assert "--pipeline-parallel-size=2" in caplog.text and "--tensor-parallel-size" in caplog.text
 
 
 def test_serve_enables_scale_out_endpoints():
@@ -362,3 +377,21 @@ def test_live_bench_none_baseline_keeps_vllm_default_scheduling():
     report.async_scheduling = True
     table = live.format_table([report], cpu=False)
     assert "sched" in table.splitlines()[0] and table.splitlines()[2].rstrip().endswith("async")
+
+
+# ---------------------------------------------------------------------------------------------------- image prompts
+def test_generate_endpoint_logprobs_are_read_as_trl_expects():
+    """TRL 1.16 reads image-prompt batches' logprobs by "token"; vLLM 0.32's generate endpoint sends "token_id"."""
+    from trl.generation.vllm_client import parse_logprobs
+
+    from das_trl.trainer.trl_client import normalize_generate_logprobs
+
+    # A /inference/v1/generate reply of vLLM 0.32 (das-trl serve, logprobs=0), as recorded.
+    reply = {"choices": [{"index": 0, "token_ids": [43765, 24], "logprobs": {"content": [
+        {"token_id": 43765, "logprob": -8.0, "rank": 198, "top_logprobs": [{"token_id": 43765, "logprob": -8.0}]},
+        {"token_id": 24, "logprob": -5.0, "rank": 14, "top_logprobs": [{"token_id": 24, "logprob": -5.0}]}]}}]}
+    with pytest.raises(KeyError, match="token"):
+        parse_logprobs([c["logprobs"] for c in reply["choices"]])
+    logprobs, token_ids = parse_logprobs([c["logprobs"] for c in normalize_generate_logprobs(reply)["choices"]])
+    assert token_ids == [[[43765], [24]]] and logprobs == [[[-8.0], [-5.0]]]
+    assert normalize_generate_logprobs({"choices": [{"logprobs": None}]}) == {"choices": [{"logprobs": None}]}

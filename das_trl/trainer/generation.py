@@ -5,7 +5,9 @@ What changes from TRL (trl 1.14-1.16, ``trl/generation/vllm_generation.py``):
 - colocate mode builds the in-process ``vllm.LLM`` with TRL's arguments (including its bitsandbytes quantization for
   QLoRA models) plus the DAS speculative config and worker extension, then attaches the drafter; settings that cannot
   run the drafter are refused first (:mod:`das_trl.vllm.engine_check`);
-- server mode checks, before anything else, that the server is reachable and runs DAS (clear error otherwise);
+- server mode checks, before anything else, that the server is reachable and runs DAS (clear error otherwise), and
+  talks to it through TRL's client with the image-prompt endpoint's replies read as vLLM 0.32/0.33 write them
+  (:mod:`das_trl.trainer.trl_client`);
 - weights reach the engine by vLLM's ``reload_weights`` where TRL's transfer cannot work (CPU builds: no NCCL, and the
   CPU build repacks weights after loading, so TRL's direct ``load_weights`` push fails);
 - :meth:`push_history` sends a step's rollouts into every engine's drafter history.
@@ -77,7 +79,7 @@ class DASVLLMGeneration(VLLMGeneration):
         self.accelerator.wait_for_everyone()
 
     def _init_server(self) -> None:
-        from trl.generation.vllm_client import VLLMClient
+        from das_trl.trainer.trl_client import DASVLLMClient
 
         if not self.accelerator.is_main_process:
             return
@@ -92,8 +94,9 @@ class DASVLLMGeneration(VLLMGeneration):
         if self.das["check_engine"]:
             self._check_engine(engine)
         self.engine = engine
-        self.vllm_client = VLLMClient(base_url=base_url, group_port=self.group_port,
-                                      connection_timeout=self.server_timeout)
+        # TRL's client, reading the generate endpoint (image prompts) as vLLM 0.32/0.33 write it.
+        self.vllm_client = DASVLLMClient(base_url=base_url, group_port=self.group_port,
+                                         connection_timeout=self.server_timeout)
         if self.weight_sync == "nccl":
             self.vllm_client.init_communicator(device=self.accelerator.device)
 

@@ -12,6 +12,11 @@ the trainer never sees). Read from vLLM 0.32 (CPU build) and the vLLM 0.33.0 CUD
 - ``data_parallel_size > 1`` on a server (``--data-parallel-size``, ``-dp``): vLLM's data-parallel client sends a
   ``/collective_rpc`` call to every engine but returns only engine 0's reply (``DPLBAsyncMPClient.call_utility_async``),
   so the trainer's history check (every engine's digest against its mirror) cannot see engines 1..N-1.
+- ``pipeline_parallel_size > 1`` on vLLM 0.32 (``--pipeline-parallel-size``, ``-pp``): vLLM builds the drafter on the
+  last stage only, and its ``GPUModelRunner.initialize_kv_cache_tensors`` then reads ``self.drafter`` on every stage
+  whenever speculation is on, so the engine fails at start with "'...ModelRunner' object has no attribute 'drafter'"
+  for any speculative method (vLLM issue #30436; seen on the CPU build of 0.32 with PP = 2). Other releases get a
+  warning: das-trl itself handles stages without a drafter (they are skipped), but it has not run with PP > 1.
 """
 
 from __future__ import annotations
@@ -85,11 +90,35 @@ def check_engine_settings(engine_kwargs: Mapping[str, Any] | None,
             fix="remove async_scheduling from das_vllm_kwargs (or set it to false)"))
 
 
+PIPELINE_PARALLEL_MESSAGE = (
+    "--pipeline-parallel-size={value}: vLLM 0.32 fails at engine start with speculative decoding and pipeline "
+    "parallelism (the stages before the last have no drafter and vLLM reads it anyway: \"object has no attribute "
+    "'drafter'\", vLLM issue #30436; seen with vLLM 0.32's CPU build). Allowed on vLLM 0.32: 1. Next step: split the "
+    "model with --tensor-parallel-size instead, or use a vLLM release that fixes #30436 (das-trl skips the stages "
+    "without a drafter)."
+)
+
+PIPELINE_PARALLEL_WARNING = (
+    "--pipeline-parallel-size={value}: das-trl answers from the last stage's drafter and skips the other stages, but "
+    "this has not run yet; vLLM 0.32 failed at start with speculation and pipeline parallelism (vLLM issue #30436). "
+    "If the engine fails with \"no attribute 'drafter'\", use --tensor-parallel-size instead."
+)
+
+#: The vLLM releases on which speculative decoding with pipeline parallelism is known to fail at engine start.
+PIPELINE_BROKEN_RELEASES = ((0, 32),)
+
+
 def _server_flag_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None)
     parser.add_argument("--data-parallel-size", "-dp", type=int, default=1)
+    parser.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
     return parser
+
+
+def _server_flags(vllm_args: Sequence[str]) -> argparse.Namespace:
+    flags, _ = _server_flag_parser().parse_known_args([_normalize_flag(t) for t in vllm_args])
+    return flags
 
 
 def _normalize_flag(token: str) -> str:
@@ -100,26 +129,45 @@ def _normalize_flag(token: str) -> str:
     return name.replace("_", "-") + sep + value
 
 
-def check_server_args(vllm_args: Sequence[str], environ: Mapping[str, str] | None = None) -> list[str]:
+def check_server_args(vllm_args: Sequence[str], environ: Mapping[str, str] | None = None,
+                      release: tuple[int, ...] = ()) -> list[str]:
     """Problems with the vLLM flags and environment of a ``das-trl serve`` call; empty when the server can start.
 
     Args:
         vllm_args: the flags passed through to vLLM's server (``das-trl serve``'s unrecognised arguments).
         environ: the server's environment (default ``os.environ``).
+        release: the installed vLLM's release numbers (e.g. ``(0, 32, 0)``; ``()``: unknown), for the
+            version-specific refusals.
 
     Returns:
         one message per problem (``--async-scheduling``, ``--data-parallel-size``/``-dp`` > 1,
-        ``VLLM_USE_V2_MODEL_RUNNER``), each naming the flag, its value, the allowed values and the next step.
+        ``--pipeline-parallel-size``/``-pp`` > 1 on vLLM 0.32, ``VLLM_USE_V2_MODEL_RUNNER``), each naming the flag,
+        its value, the allowed values and the next step.
     """
     environ = os.environ if environ is None else environ
     problems = []
     value = _v2_runner_requested(environ)
     if value is not None:
         problems.append(V2_RUNNER_MESSAGE.format(env=V2_RUNNER_ENV, value=value))
-    flags, _ = _server_flag_parser().parse_known_args([_normalize_flag(t) for t in vllm_args])
+    flags = _server_flags(vllm_args)
     if flags.async_scheduling:
         problems.append(ASYNC_SCHEDULING_MESSAGE.format(
             where="--async-scheduling", value=True, fix="drop --async-scheduling from the das-trl serve command"))
     if flags.data_parallel_size != 1:
         problems.append(DATA_PARALLEL_MESSAGE.format(where="--data-parallel-size", value=flags.data_parallel_size))
+    if flags.pipeline_parallel_size > 1 and tuple(release[:2]) in PIPELINE_BROKEN_RELEASES:
+        problems.append(PIPELINE_PARALLEL_MESSAGE.format(value=flags.pipeline_parallel_size))
     return problems
+
+
+def server_arg_warnings(vllm_args: Sequence[str], release: tuple[int, ...] = ()) -> list[str]:
+    """Settings of a ``das-trl serve`` call that may work but have not run (pipeline parallelism on a vLLM release
+    other than the ones :func:`check_server_args` refuses it on).
+
+    Returns:
+        one message per warning (empty when there is nothing to warn about).
+    """
+    flags = _server_flags(vllm_args)
+    if flags.pipeline_parallel_size > 1 and tuple(release[:2]) not in PIPELINE_BROKEN_RELEASES:
+        return [PIPELINE_PARALLEL_WARNING.format(value=flags.pipeline_parallel_size)]
+    return []

@@ -6,8 +6,8 @@ distribution fails at start) with what ``trl vllm-serve`` sets — dev mode, ``-
 image prompts), and the NCCL weight-transfer engine where CUDA exists — plus the DAS speculative config and worker
 extension; binds to 127.0.0.1 unless told otherwise; waits for ``/health``; attaches the drafter; then stays in the
 foreground until the server exits (Ctrl-C stops both). Settings that cannot run the drafter (``--async-scheduling``,
-``--data-parallel-size`` > 1, ``VLLM_USE_V2_MODEL_RUNNER=1``) are refused before the server starts
-(:mod:`das_trl.vllm.engine_check`).
+``--data-parallel-size`` > 1, ``--pipeline-parallel-size`` > 1 on vLLM 0.32, ``VLLM_USE_V2_MODEL_RUNNER=1``) are
+refused before the server starts (:mod:`das_trl.vllm.engine_check`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import sys
 import time
 
 from das_trl.vllm.engine import DEFAULT_NUM_SPECULATIVE_TOKENS, das_server_args
-from das_trl.vllm.engine_check import check_server_args
+from das_trl.vllm.engine_check import check_server_args, server_arg_warnings
 
 logger = logging.getLogger("das_trl.serve")
 
@@ -140,11 +140,14 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``das-trl serve``; returns the server's exit code."""
     args, extra = build_parser().parse_known_args(argv)
     logging.basicConfig(level=logging.INFO, format="[das-trl] %(message)s")
-    problems = check_server_args(extra)
+    release = vllm_release()
+    problems = check_server_args(extra, release=release)
     if problems:
         for problem in problems:
             logger.error("%s", problem)
         return 2
+    for warning in server_arg_warnings(extra, release):
+        logger.warning("%s", warning)
     from das_trl.vllm.client import HTTPDASEngine
     from das_trl.vllm.engine import is_cpu_build
 
@@ -154,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         args.model = prepare_default_model()
     warn_if_exposed(args.host)
     cpu = is_cpu_build()
-    command = build_command(args, extra, cpu)
+    command = build_command(args, extra, cpu, release)
     env = dict(os.environ, VLLM_SERVER_DEV_MODE="1")
     if args.max_payload_bytes is not None:
         if args.max_payload_bytes < 1:
