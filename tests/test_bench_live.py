@@ -83,6 +83,7 @@ def test_live_greedy_identical_and_das_accepts(model_path, tmp_path):
     assert none["engine_steps"] >= 16  # 16 tokens, one per step, plus nothing to speed it up
     for r in result["results"]:
         assert RESULT_FIELDS <= set(r), r.keys()
+        assert r["async_scheduling"] is False  # the engine's own setting; the CPU build forces sync scheduling
         assert SPEC_FIELDS <= set(r["spec_decode"])
         assert r["requests"] == 4 and r["logprobs_complete"] is True
         assert set(r["tokens_per_round_by_tier"]) == {"short", "medium", "long"}

@@ -24,8 +24,11 @@ Procedure:
 Reported per drafter: engine steps (the batch's makespan in forward passes), vLLM ``spec_decode`` counters (drafts,
 draft tokens, accepted tokens, per-position acceptance), tokens per verification round (emitted tokens / request
 rounds) overall and per length tier, the completion step of each request (tail: p50 / p90 / max), wall seconds, and
-for greedy runs token identity with ``none``. Length tiers rank requests by their own final length in that run (top
-20% long, next 40% medium, rest short), as the replay benchmark does (:func:`das_trl.bench.replay.length_tiers`).
+for greedy runs token identity with ``none``, and the scheduling the engine ran with (``async_scheduling``: the
+drafting engines run sync, as vLLM requires for them; ``none`` runs with vLLM's default, which is async on GPUs, so
+the baseline is what a user without speculation gets). Length tiers rank requests by their own final length in that
+run (top 20% long, next 40% medium, rest short), as the replay benchmark does
+(:func:`das_trl.bench.replay.length_tiers`).
 
 Checks: speculation must have run in every drafting engine while logprobs were requested (a silent fallback to
 no-SD would leave vLLM's draft counters at zero; for DAS also an unattached proposer); every sampled token must
@@ -173,6 +176,7 @@ class DrafterReport:
     timed_out: bool = False
     das_stats: dict[str, Any] | None = None
     history_push: dict[str, Any] | None = None
+    async_scheduling: bool | None = None
     errors: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -224,15 +228,19 @@ def _env(**values: str) -> Iterator[None]:
                 os.environ[k] = v
 
 
-def build_engine(cfg: LiveConfig, model: str, drafter: str, cpu: bool) -> Any:
-    """A ``vllm.LLM`` for ``drafter`` whose engine core runs in this process (one ``step()`` = one scheduler step).
+def engine_kwargs(cfg: LiveConfig, model: str, drafter: str, cpu: bool) -> dict[str, Any]:
+    """The ``vllm.LLM`` keyword arguments of ``drafter``'s engine.
 
     CPU builds get an explicit KV cache (``kv_cache_bytes``), GPU builds ``gpu_memory_utilization``. Stats logging is
-    on, so vLLM's ``spec_decode`` counters exist; ``logprobs_mode="processed_logprobs"`` as TRL sets it; async
-    scheduling off for every drafter (vLLM forces it off for the drafting ones).
-    """
-    from vllm import LLM
+    on, so vLLM's ``spec_decode`` counters exist; ``logprobs_mode="processed_logprobs"`` as TRL sets it. Scheduling:
+    the drafting engines run with async scheduling off (vLLM allows no other way with an ngram, suffix or
+    custom_class drafter); ``none`` runs with vLLM's default, as a user's engine without speculation would (async
+    scheduling on GPUs, off on the CPU build, which forces it off), so the baseline is not handicapped. The report
+    records which scheduling each engine ran with (``async_scheduling``).
 
+    Raises:
+        ValueError: unknown drafter name.
+    """
     kwargs: dict[str, Any] = dict(
         model=model,
         dtype=cfg.dtype,
@@ -242,17 +250,33 @@ def build_engine(cfg: LiveConfig, model: str, drafter: str, cpu: bool) -> Any:
         seed=cfg.seed,
         logprobs_mode="processed_logprobs",
         enforce_eager=cpu if cfg.enforce_eager is None else cfg.enforce_eager,
-        # vLLM turns async scheduling off for ngram/suffix/custom_class drafters; off for `none` too, so that every
-        # engine runs the same loop and one step() is one scheduled forward pass.
-        async_scheduling=False,
     )
+    if drafter != "none":
+        kwargs["async_scheduling"] = False  # what vLLM does anyway for these drafters; said explicitly
     if cpu:
         kwargs["kv_cache_memory_bytes"] = cfg.kv_cache_bytes
     else:
         kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
     kwargs.update(speculative_kwargs(drafter, cfg.num_speculative_tokens))
+    return kwargs
+
+
+def build_engine(cfg: LiveConfig, model: str, drafter: str, cpu: bool) -> Any:
+    """A ``vllm.LLM`` for ``drafter`` (:func:`engine_kwargs`) whose engine core runs in this process (one ``step()`` =
+    one scheduler step; with async scheduling a ``step()`` may return the outputs of the previous forward pass)."""
+    from vllm import LLM
+
+    kwargs = engine_kwargs(cfg, model, drafter, cpu)
     with _env(VLLM_ENABLE_V1_MULTIPROCESSING="0"):
         return LLM(**kwargs)
+
+
+def engine_async_scheduling(llm: Any) -> bool | None:
+    """Whether ``llm``'s engine resolved to async scheduling (``vllm_config.scheduler_config.async_scheduling``);
+    ``None`` when the engine does not say."""
+    config = getattr(getattr(llm, "llm_engine", None), "vllm_config", None)
+    value = getattr(getattr(config, "scheduler_config", None), "async_scheduling", None)
+    return None if value is None else bool(value)
 
 
 def shutdown_engine(llm: Any) -> None:
@@ -530,7 +554,7 @@ def format_table(reports: Sequence[DrafterReport], cpu: bool) -> str:
     wall = "CPU wall s*" if cpu else "wall s"
     head = (f"{'drafter':<8}{'steps':>7}{'vs none':>8}{'tok/round':>10}{'short':>7}{'medium':>7}{'long':>7}"
             f"{'drafts':>8}{'draft tok':>10}{'accepted':>9}{'acc rate':>9}{'acc len':>8}{'tail p90':>9}"
-            f"{'tail max':>9}{wall:>12}{'greedy==none':>13}")
+            f"{'tail max':>9}{wall:>12}{'greedy==none':>13}{'sched':>7}")
     lines = [head, "-" * len(head)]
 
     def num(v: float | None, fmt: str) -> str:
@@ -542,12 +566,15 @@ def format_table(reports: Sequence[DrafterReport], cpu: bool) -> str:
         t = r.tokens_per_round_by_tier
         ident = "-" if r.identical_to_none is None else ("yes" if r.identical_to_none else
                                                          f"NO ({r.mismatched_requests})")
+        sched = "-" if r.async_scheduling is None else ("async" if r.async_scheduling else "sync")
         lines.append(
             f"{r.drafter:<8}{r.engine_steps:>7d}{vs:>8}{r.tokens_per_round:>10.3f}{num(t['short'], '.2f'):>7}"
             f"{num(t['medium'], '.2f'):>7}{num(t['long'], '.2f'):>7}{s['num_drafts']:>8d}{s['num_draft_tokens']:>10d}"
             f"{s['num_accepted_tokens']:>9d}{num(s['acceptance_rate'], '.3f'):>9}"
             f"{num(s['mean_acceptance_length'], '.2f'):>8}{r.completion_step['p90']:>9.0f}"
-            f"{r.completion_step['max']:>9d}{r.wall_seconds:>12.1f}{ident:>13}")
+            f"{r.completion_step['max']:>9d}{r.wall_seconds:>12.1f}{ident:>13}{sched:>7}")
+    lines.append("sched: the engine's scheduling (drafting engines run sync, as vLLM requires; none runs with vLLM's "
+                 "default: async on GPUs, sync on the CPU build)")
     if cpu:
         lines.append(f"* {WALL_TIME_NOTE}")
     return "\n".join(lines)
@@ -583,7 +610,8 @@ def run_drafter(cfg: LiveConfig, model: str, drafter: str, cpu: bool, prompts: l
 
     Returns:
         ``{"batch": BatchResult, "spec": counter_delta(...), "das_stats": dict | None, "push": dict | None,
-        "history": (prompts, completions) | None}`` (``history`` only when generated here).
+        "history": (prompts, completions) | None, "async_scheduling": bool | None}`` (``history`` only when
+        generated here; ``async_scheduling`` as the engine resolved it).
     """
     llm = build_engine(cfg, model, drafter, cpu)
     try:
@@ -604,7 +632,8 @@ def run_drafter(cfg: LiveConfig, model: str, drafter: str, cpu: bool, prompts: l
             from das_trl.vllm.client import LocalDASEngine
 
             das_stats = LocalDASEngine(llm).stats()
-        return {"batch": batch, "spec": spec, "das_stats": das_stats, "push": push, "history": history}
+        return {"batch": batch, "spec": spec, "das_stats": das_stats, "push": push, "history": history,
+                "async_scheduling": engine_async_scheduling(llm)}
     finally:
         shutdown_engine(llm)
 
@@ -684,6 +713,7 @@ def run_live(cfg: LiveConfig, log=_log) -> dict[str, Any]:
         report = make_report(drafter, cfg, batch, spec, reference, expect_drafts=expect)
         report.history_push = run["push"]
         report.das_stats = das_stats
+        report.async_scheduling = run.get("async_scheduling")
         if das_stats is not None and (not das_stats.get("attached") or das_stats.get("unattached_rounds", 0)):
             report.errors.append("das: the proposer was not attached for the whole batch")
         if drafter == "none":

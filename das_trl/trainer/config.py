@@ -14,6 +14,7 @@ from typing import Any
 from trl import GRPOConfig
 
 from das_trl.drafter.policy import LengthPolicyConfig
+from das_trl.vllm.engine_check import check_engine_settings
 
 _WEIGHT_SYNC_MODES = ("auto", "nccl", "inplace", "reload")
 
@@ -125,7 +126,8 @@ def das_settings(args: Any) -> dict[str, Any]:
 
 def validate_das_settings(settings: dict[str, Any]) -> None:
     """Raise ``ValueError`` with a clear message for out-of-range ``das_*`` settings (parses ``vllm_kwargs`` JSON in
-    place)."""
+    place), including engine arguments that cannot run the drafter (``das_vllm_kwargs["async_scheduling"]`` true
+    while DAS is enabled)."""
     if settings["num_speculative_tokens"] < 1:
         raise ValueError(f"das_num_speculative_tokens must be >= 1, got {settings['num_speculative_tokens']}")
     if settings["window"] < 1:
@@ -145,6 +147,8 @@ def validate_das_settings(settings: dict[str, Any]) -> None:
             raise ValueError(f"das_vllm_kwargs is not valid JSON: {exc}") from None
     if settings["vllm_kwargs"] is not None and not isinstance(settings["vllm_kwargs"], dict):
         raise ValueError(f"das_vllm_kwargs must be a dict, got {type(settings['vllm_kwargs']).__name__}")
+    if settings["enabled"]:
+        check_engine_settings(settings["vllm_kwargs"], environ={})  # async_scheduling cannot run the drafter
     policy = settings.get("length_policy")
     if isinstance(policy, str):
         try:

@@ -2,9 +2,12 @@
 
 What changes from TRL (trl 1.14-1.16, ``trl/generation/vllm_generation.py``):
 
-- colocate mode builds the in-process ``vllm.LLM`` with TRL's arguments plus the DAS speculative config and worker
-  extension, then attaches the drafter;
-- server mode checks, before anything else, that the server is reachable and runs DAS (clear error otherwise);
+- colocate mode builds the in-process ``vllm.LLM`` with TRL's arguments (including its bitsandbytes quantization for
+  QLoRA models) plus the DAS speculative config and worker extension, then attaches the drafter; settings that cannot
+  run the drafter are refused first (:mod:`das_trl.vllm.engine_check`);
+- server mode checks, before anything else, that the server is reachable and runs DAS (clear error otherwise), and
+  talks to it through TRL's client with the image-prompt endpoint's replies read as vLLM 0.32/0.33 write them
+  (:mod:`das_trl.trainer.trl_client`);
 - weights reach the engine by vLLM's ``reload_weights`` where TRL's transfer cannot work (CPU builds: no NCCL, and the
   CPU build repacks weights after loading, so TRL's direct ``load_weights`` push fails);
 - :meth:`push_history` sends a step's rollouts into every engine's drafter history.
@@ -22,8 +25,10 @@ from typing import Any
 from trl.generation.vllm_generation import VLLMGeneration
 
 from das_trl.trainer.config import drafter_config_fields
+from das_trl.trainer.quantization import engine_quantization
 from das_trl.vllm.client import DASEngine, DASEngineError, HTTPDASEngine, LocalDASEngine
 from das_trl.vllm.engine import das_engine_kwargs, is_cpu_build
+from das_trl.vllm.engine_check import check_engine_settings
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +79,7 @@ class DASVLLMGeneration(VLLMGeneration):
         self.accelerator.wait_for_everyone()
 
     def _init_server(self) -> None:
-        from trl.generation.vllm_client import VLLMClient
+        from das_trl.trainer.trl_client import DASVLLMClient
 
         if not self.accelerator.is_main_process:
             return
@@ -89,8 +94,9 @@ class DASVLLMGeneration(VLLMGeneration):
         if self.das["check_engine"]:
             self._check_engine(engine)
         self.engine = engine
-        self.vllm_client = VLLMClient(base_url=base_url, group_port=self.group_port,
-                                      connection_timeout=self.server_timeout)
+        # TRL's client, reading the generate endpoint (image prompts) as vLLM 0.32/0.33 write it.
+        self.vllm_client = DASVLLMClient(base_url=base_url, group_port=self.group_port,
+                                         connection_timeout=self.server_timeout)
         if self.weight_sync == "nccl":
             self.vllm_client.init_communicator(device=self.accelerator.device)
 
@@ -108,6 +114,12 @@ class DASVLLMGeneration(VLLMGeneration):
         extra.update(self.das["vllm_kwargs"] or {})
         if extra.get("enable_lora"):
             raise ValueError(LORA_IN_ENGINE_MESSAGE)
+        if self.das["enabled"]:
+            check_engine_settings(extra)
+        # TRL's quantization for the engine (QLoRA: "bitsandbytes"; an 8-bit model is refused); an explicit
+        # das_vllm_kwargs["quantization"] wins.
+        detected = engine_quantization(self.model)
+        extra.setdefault("quantization", detected)
         # TRL's colocate arguments (trl 1.16), plus the DAS engine arguments.
         self.llm = LLM(
             model=self.model.name_or_path,

@@ -1,8 +1,11 @@
 """Clients for engines that run DAS: the same calls over HTTP (a ``das-trl serve`` / ``vllm serve`` process) or
 in-process (a ``vllm.LLM``), both through vLLM's ``collective_rpc`` and the worker extension's ``das_*`` methods.
 
-Each engine may have several workers (tensor/data parallel): an RPC returns one result per worker, and a call only
-succeeds if every worker says ``ok``.
+Each engine may have several workers (tensor/pipeline parallel): an RPC returns one result per worker, and a call only
+succeeds if every worker that drafts says ``ok``. Workers that do not draft (pipeline stages before the last,
+tensor-parallel ranks other than 0) answer ``no_drafter`` and are skipped; at least one worker must draft. A
+data-parallel server (``data_parallel_size > 1``) is refused at :meth:`DASEngine.attach`: it returns only engine 0's
+replies, so the other engines' histories could not be checked.
 """
 
 from __future__ import annotations
@@ -31,35 +34,64 @@ class DASEngine:
         raise NotImplementedError
 
     def _das_call(self, method: str, *args: str, timeout: float | None = None) -> list[dict[str, Any]]:
+        """Run ``method`` on every worker; returns the replies of the workers that draft, in worker order.
+
+        Replies marked ``no_drafter`` (ranks where vLLM runs no drafter) are left out.
+
+        Raises:
+            DASEngineError: no reply, a reply that is not a dict, a drafting worker that failed, or no worker that
+                drafts.
+        """
         results = self.rpc(method, *args, timeout=timeout)
         if not results:
             raise DASEngineError(f"{self.name}: {method} returned no worker results")
+        drafting = []
         for result in results:
             if not isinstance(result, dict):
                 raise DASEngineError(f"{self.name}: {method} returned {result!r}, expected a dict: not a DAS engine?")
+            if result.get("no_drafter"):
+                continue
             if not result.get("ok"):
                 raise DASEngineError(f"{self.name}: {method} failed: {result.get('error', result)}")
-        return results
+            drafting.append(result)
+        if not drafting:
+            raise DASEngineError(
+                f"{self.name}: {method}: none of its {len(results)} workers runs a DAS drafter "
+                f"({results[0].get('error')}). At least one must: vLLM builds the drafter on the last pipeline stage; "
+                f"start the engine with the DAS speculative config (`das-trl serve`)."
+            )
+        return drafting
 
     def attach(self, drafter_config: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Attach the proposer in every worker (vLLM 0.32 needs this once after start); returns worker 0's stats.
+        """Attach the proposer in every drafting worker (vLLM 0.32 needs this once after start); returns the first
+        drafting worker's stats.
 
         Raises:
-            DASEngineError: the engine does not run the DAS proposer or the config is invalid.
+            DASEngineError: the engine does not run the DAS proposer, the config is invalid, or the engine is
+                data-parallel (``data_parallel_size > 1`` outside TRL's ``external_launcher`` colocate mode: only
+                engine 0's replies come back, so the history check cannot see the other engines).
         """
         config_json = json.dumps(drafter_config) if drafter_config else ""
-        return self._das_call("das_attach", config_json)[0]["stats"]
+        replies = self._das_call("das_attach", config_json)
+        layout = replies[0].get("parallel") or {}
+        data_parallel = int(layout.get("data_parallel_size", 1))
+        if data_parallel > 1 and layout.get("distributed_executor_backend") != "external_launcher":
+            from das_trl.vllm.engine_check import DATA_PARALLEL_MESSAGE
+
+            raise DASEngineError(f"{self.name}: " + DATA_PARALLEL_MESSAGE.format(
+                where="data_parallel_size", value=data_parallel))
+        return replies[0]["stats"]
 
     def detach(self) -> dict[str, Any]:
-        """Stop drafting in every worker (history kept); returns worker 0's stats."""
+        """Stop drafting in every worker (history kept); returns the first drafting worker's stats."""
         return self._das_call("das_detach")[0]["stats"]
 
     def stats(self) -> dict[str, Any]:
-        """Worker 0's :meth:`~das_trl.vllm.proposer.DASProposer.stats`."""
+        """The first drafting worker's :meth:`~das_trl.vllm.proposer.DASProposer.stats`."""
         return self._das_call("das_stats")[0]["stats"]
 
     def worker_stats(self) -> list[dict[str, Any]]:
-        """Every worker's stats (to compare histories across workers)."""
+        """Every drafting worker's stats (to compare histories across workers)."""
         return [r["stats"] for r in self._das_call("das_stats")]
 
     def add_history(
@@ -71,7 +103,7 @@ class DASEngine:
         """Push one step's rollouts into every worker's history.
 
         Returns:
-            worker 0's reply: ``{"ok", "added": {...}, "seconds", "stats"}``.
+            the first drafting worker's reply: ``{"ok", "added": {...}, "seconds", "stats"}``.
 
         Raises:
             DASEngineError: a worker rejected the payload (its history is unchanged).
@@ -80,7 +112,7 @@ class DASEngine:
         return self._das_call("das_add_history", payload)[0]
 
     def history_digests(self) -> list[str]:
-        """Every worker's history digest (:func:`das_trl.drafter.digest.state_digest`), worker order.
+        """Every drafting worker's history digest (:func:`das_trl.drafter.digest.state_digest`), worker order.
 
         Raises:
             DASEngineError: unreachable, or not a DAS engine.
@@ -91,7 +123,7 @@ class DASEngine:
         """Replace every worker's history with ``state`` (:meth:`das_trl.drafter.RolloutHistory.to_state` output).
 
         Returns:
-            worker 0's reply ``{"ok", "digest", "seconds", "stats"}``.
+            the first drafting worker's reply ``{"ok", "digest", "seconds", "stats"}``.
 
         Raises:
             DASEngineError: a worker rejected the state (e.g. over the payload limit; its history is unchanged).

