@@ -202,6 +202,12 @@ class DASGRPOTrainer(GRPOTrainer):
                     "das/history_problems": stats.get("history_problems", 0),
                     "das/history_tokens": stats.get("history_tokens", 0),
                     "das/history_bytes": stats.get("history_bytes", 0),
+                    # The live pool at the end of the step's generation, before the push released the pushed
+                    # problems' finished outputs (bounded by das_live_token_budget); evictions are cumulative.
+                    "das/live_running_tokens": stats_before.get("live_running_tokens", 0),
+                    "das/live_finished_tokens": stats_before.get("live_finished_tokens", 0),
+                    "das/live_bytes": stats_before.get("live_approx_bytes", 0),
+                    "das/live_evicted_outputs": stats_before.get("live_evicted_outputs", 0),
                 })
             except DASEngineError as exc:
                 logger.warning("DAS history push failed (training continues; the next push reloads the whole "

@@ -281,7 +281,9 @@ class DASProposer:
         round), ``policy_mode``, ``num_speculative_tokens``, ``history_problems``,
         ``history_appearances``, ``history_sequences``, ``history_tokens``, ``history_bytes`` (approximate),
         ``history_evicted_appearances``, ``active_requests``, ``calibration_tokens`` (verified draft tokens the drafter's
-        acceptance calibration learned from) and ``source_<name>`` (drafts won by each source).
+        acceptance calibration learned from), the drafter's live pool (``live_running_tokens``,
+        ``live_finished_tokens``, ``live_token_budget``, ``live_evicted_outputs``, ``live_approx_bytes``: see
+        ``DASDrafter.stats``) and ``source_<name>`` (drafts won by each source).
         """
         out: dict[str, Any] = {"attached": self.attached, "num_speculative_tokens": self.num_speculative_tokens,
                                "policy_mode": self.policy.config.mode}
@@ -299,6 +301,8 @@ class DASProposer:
             history_update_seconds=d["update_seconds"],
             calibration_tokens=d["calibration_tokens"],
         )
+        out.update({k: d[k] for k in ("live_running_tokens", "live_finished_tokens", "live_token_budget",
+                                      "live_evicted_outputs", "live_approx_bytes") if k in d})
         # Which source's candidate won each non-empty draft (per-problem history, running siblings, local, global).
         out.update({f"source_{name}": count for name, count in d["wins"].items()})
         return out
