@@ -11,8 +11,11 @@ from das_trl.cli import main as cli_main
 def test_doctor_passes_here_and_cli_dispatches(capsys):
     assert cli_main(["doctor"]) == 0
     out = capsys.readouterr().out
-    for name in ("python", "torch / device", "vLLM engine build", "arctic-inference", "trl", "vLLM plugin"):
+    for name in ("python", "torch / device", "vLLM engine build", "arctic-inference", "trl", "vLLM plugin",
+                 "live pool budget", "engine dtype"):
         assert f"] {name}: " in out, out
+    assert "das_live_token_budget 2,000,000 tokens" in out
+    assert "embedded model: float32" in out
     assert "[fail]" not in out
     assert out.strip().splitlines()[-1].startswith("[das-trl] doctor:")
 
