@@ -51,3 +51,17 @@ def test_equation_reward_format_only():
     texts = ["3 * 4 = 12", "4*1 = 4", "2 x 3 = 7", "15 - 43 = 7", "The answer is 12", "1 * 5 is 5.", "= 4", ""]
     assert equation_reward(texts) == [EQUATION_REWARD] * 4 + [0.0] * 4
     assert equation_reward([None, 3, [{"role": "assistant", "content": "6 / 2 = 3"}]]) == [0.0, 0.0, EQUATION_REWARD]
+
+
+def test_group_spread_summary():
+    import pytest
+
+    from das_trl.bench.task_spread import _reward_funcs, group_spread
+
+    out = group_spread([[1.0, 1.0], [0.0, 1.2]], correct=[[1.0, 1.0], [0.0, 1.0]])
+    assert out["groups"] == 2 and out["flat_groups"] == 1 and out["flat_share"] == 0.5
+    assert out["mean_group_std"] == pytest.approx(0.3) and out["mean_correct"] == 0.75
+    with pytest.raises(ValueError):
+        group_spread([[]])
+    with pytest.raises(ValueError, match="unknown reward"):
+        _reward_funcs(["nope"])
