@@ -55,3 +55,24 @@ def test_unregistered_plugin_and_exit_code(monkeypatch, capsys):
 def test_server_down_is_reported():
     check = doctor.check_server("http://127.0.0.1:9")
     assert check.status == doctor.FAIL and "das-trl serve" in check.fix
+
+
+def test_server_report_names_live_pool_and_engine_dtype(monkeypatch):
+    from das_trl.vllm import client
+
+    class Engine:
+        def __init__(self, url):
+            pass
+
+        def health(self):
+            return True
+
+        def stats(self):
+            return {"attached": True, "history_problems": 3, "live_running_tokens": 1200,
+                    "live_finished_tokens": 5000, "live_token_budget": 2_000_000, "engine_dtype": "float32"}
+
+    monkeypatch.setattr(client, "HTTPDASEngine", Engine)
+    check = doctor.check_server("http://127.0.0.1:8000")
+    assert check.status == doctor.OK
+    assert "live pool 1,200 running + 5,000 finished tokens (budget 2,000,000)" in check.detail
+    assert "engine dtype float32" in check.detail
