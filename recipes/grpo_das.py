@@ -16,14 +16,15 @@ chosen by name (``--reward_funcs``, see :data:`REWARD_FUNCS`) or as ``module:fun
 from __future__ import annotations
 
 import importlib
+import json
 from dataclasses import dataclass, field
 from typing import Callable
 
 from trl import ModelConfig, TrlParser, get_peft_config
 
-from das_trl.defaults.data import load_prompt_dataset
+from das_trl.defaults.data import ARITHMETIC_SYSTEM_PROMPT, DEFAULT_SYSTEM_PROMPT, load_prompt_dataset
 from das_trl.defaults.model import prepare_default_model
-from das_trl.defaults.rewards import correctness_reward, format_reward, reference_answer_reward
+from das_trl.defaults.rewards import correctness_reward, equation_reward, format_reward, reference_answer_reward
 from das_trl.trainer import DASGRPOConfig, DASGRPOTrainer
 from das_trl.trainer.progress import DASProgressCallback
 
@@ -36,6 +37,13 @@ class ScriptArguments:
         "help": "'rg:<task>' for a reasoning-gym task (no hub), else a datasets name/path with a 'prompt' column"})
     dataset_size: int = field(default=64, metadata={"help": "reasoning-gym: number of problems"})
     dataset_seed: int = field(default=0, metadata={"help": "reasoning-gym: generation seed"})
+    dataset_task_config: dict | str | None = field(default=None, metadata={
+        "help": "reasoning-gym: options of the task's config class as a dict (or JSON), e.g. "
+                "{\"min_digits\": 1, \"max_digits\": 1} for 1-digit products"})
+    system_prompt: str = field(default="default", metadata={
+        "help": "system message of every prompt (reasoning-gym, and datasets with --prompt_column): a name from "
+                "SYSTEM_PROMPTS ('default': short reasoning and <answer> tags; 'arithmetic': the computation as an "
+                "equation, for small models; 'none': user-only prompts) or the message text itself"})
     dataset_split: str = field(default="train", metadata={"help": "datasets: split to load"})
     dataset_config: str | None = field(default=None, metadata={"help": "datasets: configuration name (gsm8k: main)"})
     prompt_column: str | None = field(default=None, metadata={
@@ -53,13 +61,23 @@ def _trl_accuracy(*args, **kwargs):
     return accuracy_reward(*args, **kwargs)
 
 
-#: Reward functions by name: reasoning-gym's verifier, the <answer> format bonus, exact match against an 'answer'
-#: column (GSM8K's "#### 72" understood), and TRL's math_verify accuracy (pip install math-verify).
+#: Reward functions by name: reasoning-gym's verifier, the <answer> format bonus, the equation-format bonus (small
+#: models on arithmetic), exact match against an 'answer' column (GSM8K's "#### 72" understood), and TRL's math_verify
+#: accuracy (pip install math-verify).
 REWARD_FUNCS: dict[str, Callable] = {
     "rg_correctness": correctness_reward,
     "format": format_reward,
+    "equation": equation_reward,
     "answer_match": reference_answer_reward,
     "trl_accuracy": _trl_accuracy,
+}
+
+
+#: System prompts by name (``--system_prompt``); any other value is used as the message text.
+SYSTEM_PROMPTS: dict[str, str | None] = {
+    "default": DEFAULT_SYSTEM_PROMPT,
+    "arithmetic": ARITHMETIC_SYSTEM_PROMPT,
+    "none": None,
 }
 
 
@@ -88,9 +106,17 @@ def main() -> None:
     parser = TrlParser((ScriptArguments, DASGRPOConfig, ModelConfig))
     script_args, training_args, model_args = parser.parse_args_and_config()
     model = model_args.model_name_or_path or prepare_default_model()
+    task_config = script_args.dataset_task_config
+    if isinstance(task_config, str):
+        try:
+            task_config = json.loads(task_config)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"dataset_task_config is not valid JSON: {exc}") from None
+    system_prompt = SYSTEM_PROMPTS.get(script_args.system_prompt, script_args.system_prompt)
     dataset = load_prompt_dataset(script_args.dataset, size=script_args.dataset_size, seed=script_args.dataset_seed,
                                   split=script_args.dataset_split, config=script_args.dataset_config,
-                                  prompt_column=script_args.prompt_column)
+                                  prompt_column=script_args.prompt_column, task_config=task_config,
+                                  system_prompt=system_prompt)
     if script_args.solution_column:
         dataset = dataset.map(lambda row: {"solution": row[script_args.solution_column]})
     trainer = DASGRPOTrainer(

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The main job: a real GRPO run of the embedded default (SmolLM2-135M-Instruct on reasoning-gym gsm_symbolic) with
+# The main job: a real GRPO run of the embedded default (SmolLM2-135M-Instruct on reasoning-gym 1-digit products) with
 # rollouts from a vLLM engine running the DAS drafter. Extra arguments go to the recipe (TRL-style flags).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -7,9 +7,10 @@ import subprocess
 import sys
 import time
 
-# A float32 engine with a small explicit KV cache (CPU builds count a memory *fraction* against the machine's RAM).
-SERVER_ARGS = ["--dtype", "float32", "--max-model-len", "768", "--enforce-eager",
-               "--kv-cache-memory-bytes", str(512 * 1024**2)]
+# A small explicit KV cache (CPU builds count a memory *fraction* against the machine's RAM). `das-trl serve` runs the
+# checkpoint's dtype (float32) by default; a plain vLLM server needs --dtype float32 (its 'auto' is bfloat16).
+DAS_SERVER_ARGS = ["--max-model-len", "768", "--enforce-eager", "--kv-cache-memory-bytes", str(512 * 1024**2)]
+SERVER_ARGS = ["--dtype", "float32", *DAS_SERVER_ARGS]
 
 
 def free_port() -> int:
@@ -55,7 +56,7 @@ def start_das_server(model_path: str, num_speculative_tokens: int = 8) -> tuple[
 
     port = free_port()
     command = [sys.executable, "-m", "das_trl.cli", "serve", "--model", model_path, "--port", str(port),
-               "--num-speculative-tokens", str(num_speculative_tokens), *SERVER_ARGS]
+               "--num-speculative-tokens", str(num_speculative_tokens), *DAS_SERVER_ARGS]
     process = start(command, port)
     base_url = f"http://127.0.0.1:{port}"
     engine = HTTPDASEngine(base_url)

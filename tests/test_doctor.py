@@ -11,8 +11,11 @@ from das_trl.cli import main as cli_main
 def test_doctor_passes_here_and_cli_dispatches(capsys):
     assert cli_main(["doctor"]) == 0
     out = capsys.readouterr().out
-    for name in ("python", "torch / device", "vLLM engine build", "arctic-inference", "trl", "vLLM plugin"):
+    for name in ("python", "torch / device", "vLLM engine build", "arctic-inference", "trl", "vLLM plugin",
+                 "live pool budget", "engine dtype"):
         assert f"] {name}: " in out, out
+    assert "das_live_token_budget 2,000,000 tokens" in out
+    assert "embedded model: float32" in out
     assert "[fail]" not in out
     assert out.strip().splitlines()[-1].startswith("[das-trl] doctor:")
 
@@ -52,3 +55,24 @@ def test_unregistered_plugin_and_exit_code(monkeypatch, capsys):
 def test_server_down_is_reported():
     check = doctor.check_server("http://127.0.0.1:9")
     assert check.status == doctor.FAIL and "das-trl serve" in check.fix
+
+
+def test_server_report_names_live_pool_and_engine_dtype(monkeypatch):
+    from das_trl.vllm import client
+
+    class Engine:
+        def __init__(self, url):
+            pass
+
+        def health(self):
+            return True
+
+        def stats(self):
+            return {"attached": True, "history_problems": 3, "live_running_tokens": 1200,
+                    "live_finished_tokens": 5000, "live_token_budget": 2_000_000, "engine_dtype": "float32"}
+
+    monkeypatch.setattr(client, "HTTPDASEngine", Engine)
+    check = doctor.check_server("http://127.0.0.1:8000")
+    assert check.status == doctor.OK
+    assert "live pool 1,200 running + 5,000 finished tokens (budget 2,000,000)" in check.detail
+    assert "engine dtype float32" in check.detail

@@ -99,7 +99,7 @@ def colocate(monkeypatch):
         settings = das_settings(SimpleNamespace())
         settings.update({"num_speculative_tokens": K, "vllm_kwargs": {}, **das})
         gen.das, gen.engine, gen.model = settings, None, _Policy(layer)
-        gen.accelerator = SimpleNamespace(process_index=0, local_process_index=0, num_processes=1)
+        gen.accelerator = SimpleNamespace(process_index=0, local_process_index=0, num_processes=1, mixed_precision="no")
         gen.tensor_parallel_size, gen.gpu_memory_utilization, gen.max_model_length = 1, 0.3, 256
         gen.max_num_seqs, gen.enable_sleep_mode, gen.model_impl, gen.trust_remote_code = 8, False, "auto", False
         return gen

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from das_trl.trainer.progress import DASProgressCallback, format_step, format_summary
+from das_trl.trainer.progress import DASProgressCallback, format_step, format_summary, reward_slope
 
 
 def _logs(tpr: float, accepted: float) -> dict[str, float]:
@@ -27,6 +27,16 @@ def test_summary_reports_first_vs_last_steps_and_totals():
     assert "not a speed measure" not in format_summary(history, cpu=False)
     with pytest.raises(ValueError):
         format_summary([])
+
+
+def test_summary_reports_reward_trend_and_flat_groups():
+    history = [dict(_logs(1.2, 10), reward=r, frac_reward_zero_std=f)
+               for r, f in ((0.30, 0.5), (0.40, 0.25), (0.50, 0.25), (0.60, 0.0))]
+    text = format_summary(history, cpu=True)
+    assert "first step 0.300 -> last 1 step(s) 0.600 (least-squares trend +0.100/step)" in text
+    assert "25.0% of groups" in text and "last step 0%" in text
+    assert "(50% flat groups)" in format_step(1, history[0])
+    assert reward_slope([0.5]) is None and reward_slope([float("nan"), 1.0, 2.0]) == pytest.approx(1.0)
 
 
 def test_callback_prints_steps_and_summary(capsys):

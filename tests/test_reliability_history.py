@@ -59,7 +59,7 @@ def _trainer(engine, tmp_path) -> DASGRPOTrainer:
 
 def _run_steps(trainer, rng, steps: int, start: int = 0):
     for step in range(start, start + steps):
-        trainer._das_pending.append(_step(rng, step))
+        trainer._das_pending.append((*_step(rng, step), None))  # (prompts, completions, explicit keys)
         trainer.das_push_history()
         trainer.state.global_step = step + 1
 

@@ -25,3 +25,34 @@ def test_window_smaller_than_appearances_still_bounded():
 def test_command_line_exit_code(capsys):
     assert main(["--problems", "4", "--samples", "2", "--appearances", "2", "--length", "16", "--budget", "50"]) == 0
     assert "OK: budget held" in capsys.readouterr().out
+
+
+def test_live_pool_bounded_by_token_budget_without_pushes():
+    """Issue 11 case (live pool), scaled down: requests finish and are never pushed into the history; the finished
+    outputs in the sibling/batch trees stay within live_token_budget, and so does the process's RSS growth."""
+    import json
+    import subprocess
+    import sys
+
+    from das_trl.drafter.live import LIVE_TREE_BYTES_PER_TOKEN
+
+    requests, prompt, output, budget = 300, 64, 500, 20_000
+    # A fresh process: RSS growth is not hidden by (or blamed on) memory freed by earlier tests.
+    cmd = [sys.executable, "-m", "das_trl.bench.live_memory", "--requests", str(requests), "--prompt", str(prompt),
+           "--output", str(output), "--budget", str(budget)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    stats = result["stats"]
+    assert result["input_tokens"] > 5 * budget  # the budget really had to evict
+    assert result["max_finished_tokens"] <= budget and stats["live_finished_tokens"] <= budget
+    assert stats["live_evicted_outputs"] > 0 and stats["live_running_tokens"] == 0
+    # Most the trees can hold: finished outputs (prompt tail + output, in the sibling and the batch tree) within the
+    # budget, plus the one running request (local tree: prompt + output; sibling and batch: tail + output).
+    tail = 32
+    max_tree_tokens = 2 * (budget + tail + output) + (prompt + output) + 2 * (tail + output)
+    assert result["peak_live_tree_tokens"] <= max_tree_tokens
+    # RSS: 1.5x the per-token figure for allocator slack, plus 32 MiB. Without the budget this input held ~320k tree
+    # tokens (~125 MB), well above the bound (~60 MB).
+    bound = 1.5 * LIVE_TREE_BYTES_PER_TOKEN * max_tree_tokens + 32 * 2**20
+    assert result["rss_growth_bytes"] < bound, (result["rss_growth_bytes"], bound)

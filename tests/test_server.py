@@ -75,6 +75,9 @@ def test_trainer_server_mode_two_steps(das_server, tmp_path, model_path):
     assert len(logs) == 2
     assert logs[1]["das/accepted_tokens"] > 0
     assert engine.stats()["history_sequences"] == 16
+    # `das-trl serve` without --dtype runs the checkpoint's float32, the trainer's dtype: float32-level logprobs.
+    assert engine.stats()["engine_dtype"] == "float32"
+    assert all(h["sampling/sampling_logp_difference/mean"] < 1e-3 for h in logs), logs
 
 
 def test_plain_vllm_server_is_reported_as_not_das(model_path, tmp_path):

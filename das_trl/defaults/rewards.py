@@ -15,6 +15,12 @@ Ranges:
   ``0.0`` for no number at all), and ``0.0`` when nothing could be extracted.
 * :func:`format_reward`: ``FORMAT_REWARD`` (``0.1``) when the completion contains a non-empty
   ``<answer>...</answer>`` block, else ``0.0``.
+* :func:`equation_reward`: ``EQUATION_REWARD`` (``0.2``) when the completion shows a computation as an equation with a
+  numeric result (``3 * 4 = 12``), else ``0.0``. Shaping for small models on arithmetic tasks (the main job's
+  ``products``): SmolLM2-135M-Instruct never writes ``<answer>`` tags (0 of 384 sampled completions on three arithmetic
+  tasks), so :func:`format_reward` gives it no signal, but it writes such an equation in ~30-45% of its answers, and
+  those are right about twice as often (0.62-0.64 vs 0.24-0.36 on 1-digit products). It scores the format only;
+  :func:`correctness_reward` scores the value.
 """
 
 from __future__ import annotations
@@ -26,9 +32,12 @@ from typing import Any, Callable
 from das_trl.defaults.data import decode_entry
 
 FORMAT_REWARD = 0.1
+EQUATION_REWARD = 0.2
 
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _NUMBER_RE = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?")
+# "<number> <operator> <number> = <number>" (a computation shown with its result).
+_EQUATION_RE = re.compile(r"\d(?:\.\d+)?\s*[-+*/x×÷]\s*-?\d+(?:\.\d+)?\s*=\s*-?\d")
 
 
 def completion_text(completion: Any) -> str:
@@ -144,6 +153,22 @@ def format_reward(completions: list[Any], **kwargs: Any) -> list[float]:
             text = completion_text(completion)
             ok = any(block.strip() for block in _ANSWER_RE.findall(text))
             rewards.append(FORMAT_REWARD if ok else 0.0)
+        except Exception:
+            rewards.append(0.0)
+    return rewards
+
+
+def equation_reward(completions: list[Any], **kwargs: Any) -> list[float]:
+    """``EQUATION_REWARD`` (0.2) per completion showing a computation as an equation with a numeric result
+    (``<number> <op> <number> = <number>``, op one of ``+ - * / x × ÷``; e.g. ``3 * 4 = 12``), else ``0.0``.
+
+    Format only (a wrong result still gets it); pair it with :func:`correctness_reward`. Never raises: a malformed
+    completion scores ``0.0``.
+    """
+    rewards = []
+    for completion in completions:
+        try:
+            rewards.append(EQUATION_REWARD if _EQUATION_RE.search(completion_text(completion)) else 0.0)
         except Exception:
             rewards.append(0.0)
     return rewards

@@ -53,10 +53,18 @@ class DrafterConfig:
         share_running_batch: one more live tree over the outputs of every running (and
             finished, not yet pushed) request, across problems (as vLLM's ``suffix`` method
             shares active responses): format and phrasing repeat across problems.
-        max_lingering_finished: finished sibling/batch outputs kept visible until the next
-            ``add_rollouts`` of their problem replaces them; beyond this many (across
-            all problems) the oldest are dropped, so an engine that never receives
-            ``add_rollouts`` (e.g. evaluation) does not grow without bound.
+        live_token_budget: bound, in tokens, on the finished sibling/batch outputs kept
+            visible until the next ``add_rollouts`` of their problem replaces them. A finished
+            output holds its prompt tail + output tokens; when, after a request stops, the
+            finished outputs hold more than this, the oldest (stop order) are dropped until they
+            hold at most half of it (``live.py``: exact rule). Running requests are never evicted. It keeps an engine
+            that never receives ``add_rollouts`` (evaluation, a trainer that pushes rarely)
+            bounded: a finished output sits in the sibling and the batch tree, about 0.8 KB of
+            RAM per token with random tokens (docs/reliability.md), so the default 2M tokens
+            is about 1.6 GB at most. 2M tokens hold one whole step of 256 rollouts of 8k
+            tokens; past that the newest outputs (the ones siblings still running are closest
+            to) are the ones kept. 0 = finished outputs are dropped at once (replaces the
+            former count cap ``max_lingering_finished``).
 
     Evidence-weighted arbitration (see ``arbitration.py``):
         support_ngram: n-gram order g used to count supporting sequences: a candidate
@@ -110,7 +118,7 @@ class DrafterConfig:
     use_local_tree: bool = True
     share_running_siblings: bool = True
     share_running_batch: bool = True
-    max_lingering_finished: int = 4096
+    live_token_budget: int = 2_000_000
     support_ngram: int = 3
     evidence_pseudocount: float = 2.0
     match_len_pseudocount: float = 1.0
@@ -136,7 +144,7 @@ class DrafterConfig:
             value = getattr(self, name)
             need(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
                  f"{name} must be an int >= 1, got {value!r}")
-        for name in ("prompt_tail_tokens", "max_lingering_finished",
+        for name in ("prompt_tail_tokens", "live_token_budget",
                      "global_samples_per_appearance"):
             value = getattr(self, name)
             need(isinstance(value, int) and not isinstance(value, bool) and value >= 0,

@@ -302,7 +302,9 @@ class DASDrafter:
             self._live.extend(request_id, tokens)
 
     def stop_request(self, request_id: str) -> None:
-        """End a request (its output may stay visible to siblings until the next push).
+        """End a request. Its output stays visible to siblings and the batch tree until its
+        problem's next push, within ``config.live_token_budget``: after the stop, while the
+        finished outputs hold more tokens than that, the oldest finished output is dropped.
 
         Raises:
             KeyError: unknown request.
@@ -536,9 +538,12 @@ class DASDrafter:
         (non-empty drafts), ``draft_tokens``, ``requests`` (started), ``wins`` (dict
         source -> winning drafts), ``verified_drafts`` / ``accepted_tokens`` (reported by
         :meth:`record_acceptance`), ``calibration_tokens`` (verified draft tokens the calibrator
-        learned from), live/index sizes, and the background updater's
-        ``pending_updates``, ``update_errors`` and ``update_seconds`` (time spent
-        applying background updates, lock pauses included)."""
+        learned from), index sizes, the live pool's figures (``LivePool.stats``:
+        ``active_requests``, ``lingering_finished``, ``live_running_tokens``,
+        ``live_finished_tokens`` (<= ``live_token_budget``), ``live_evicted_outputs``,
+        ``live_evicted_tokens``, ``live_tree_tokens``, ``live_approx_bytes``), and the
+        background updater's ``pending_updates``, ``update_errors`` and ``update_seconds``
+        (time spent applying background updates, lock pauses included)."""
         with self._engine_lock():
             out = self._history.stats()
             out.update(self._index.stats())

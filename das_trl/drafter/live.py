@@ -6,12 +6,33 @@
   live outputs of its requests, so a long-tail request can draft from siblings that are
   ahead of it or already finished. A finished sibling's output stays visible until the
   next ``add_rollouts`` for its problem brings it into the history (then it is removed,
-  so nothing is counted twice) or until ``max_lingering_finished`` pushes it out.
+  so nothing is counted twice) or until the live token budget pushes it out (below).
 * Batch tree (``share_running_batch``): one tree over the live outputs of *all* requests in
   the engine, across problems (what vLLM's ``suffix`` method gets from arctic's
   ``add_active_response``): rollouts of different problems in one RL batch share format and
   phrasing, and in the first epoch nothing else is there to draft from. Same lingering
   rules as the sibling trees.
+
+Live token budget (``DrafterConfig.live_token_budget``), the exact eviction rule (a native
+implementation must mirror it):
+
+* A request *holds* ``T = len(prompt tail) + output tokens`` live tokens, where the prompt
+  tail is the last ``prompt_tail_tokens`` prompt tokens its sibling/batch sequences start
+  with. ``T`` is counted once per request, however many live trees (siblings, batch) hold
+  its sequence; a request in no live tree (both switched off) holds 0.
+* Running requests are never evicted; their tokens are reported (``live_running_tokens``)
+  but not bounded here (the engine's own KV cache bounds them).
+* ``stop``: a request with no output is dropped at once. Otherwise it becomes a *finished
+  output* holding ``T`` tokens, appended to a queue in stop order; then, **while the
+  finished outputs hold more than ``live_token_budget`` tokens, the oldest finished output
+  is dropped** (from every live tree that holds it; the one just stopped included).
+* ``release_finished(problem)`` (an ``add_rollouts`` of that problem) drops that problem's
+  finished outputs whatever their age; they leave the queue and its token count.
+
+So after every public call the finished outputs hold at most ``live_token_budget`` tokens.
+Memory: each token a live tree holds costs about ``LIVE_TREE_BYTES_PER_TOKEN`` bytes
+(arctic tree nodes plus the n-gram support dicts; measured, docs/reliability.md); a
+finished output of ``T`` tokens sits in up to two live trees.
 
 Support counts here live only in this process, so they are dicts keyed by token tuples
 (fast, exact); history counts use the numpy table of ``support.py``.
@@ -19,7 +40,7 @@ Support counts here live only in this process, so they are dicts keyed by token 
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -56,12 +77,28 @@ class _Request:
     tail: list[int]  # last g-1 tokens of prompt + output
     groups: list[_Membership]
     output_len: int = 0
+    prompt_len: int = 0  # tokens in the local tree before any output
+    live_tail_len: int = 0  # prompt-tail tokens each of its sibling/batch sequences starts with
     context: list[int] = field(default_factory=list)  # last match_context_tokens of prompt + output
-    prompt_len: int = 0
+    text_prompt_len: int = 0  # prompt tokens of the request (local tree or not)
+
+
+@dataclass
+class _Finished:
+    """A stopped request's output, still visible in the sibling/batch trees."""
+
+    problem_key: int
+    members: list[tuple[int, int]]  # (group key, seq id) per live tree holding it
+    tokens: int  # live tokens it holds: prompt tail + output (once, however many trees hold it)
 
 
 # Group key of the cross-problem batch tree (problem keys are >= 0, so it cannot clash).
 BATCH_GROUP = -1
+
+#: Approximate RAM per token held by one live tree (arctic suffix-tree nodes plus the n-gram support dicts), in
+#: bytes. Measured with random tokens (no shared paths: the worst case) by tests/test_reliability_memory.py's live-pool
+#: input: see docs/reliability.md. ``stats()["live_approx_bytes"]`` is this times ``live_tree_tokens``.
+LIVE_TREE_BYTES_PER_TOKEN = 400
 
 
 class LivePool:
@@ -69,9 +106,10 @@ class LivePool:
 
     Args:
         config: the drafter config (``use_local_tree``, ``share_running_siblings``,
-            ``max_lingering_finished``, ``prompt_tail_tokens``, ``support_ngram``, ...).
+            ``live_token_budget``, ``prompt_tail_tokens``, ``support_ngram``, ...).
 
-    Not thread-safe (the owner locks).
+    Finished outputs are bounded by ``config.live_token_budget`` tokens (module docstring:
+    the exact rule). Not thread-safe (the owner locks).
     """
 
     def __init__(self, config: DrafterConfig, tree_factory=SuffixTree) -> None:
@@ -79,7 +117,18 @@ class LivePool:
         self._tree = tree_factory
         self._reqs: dict[str, _Request] = {}
         self._groups: dict[int, _SiblingGroup] = {}
-        self._lingering: deque[tuple[int, int]] = deque()  # (problem_key, seq id), stop order
+        self._init_counters()
+
+    def _init_counters(self) -> None:
+        # Finished outputs in stop order (serial -> record), and the serials of each problem's ones.
+        self._finished: OrderedDict[int, _Finished] = OrderedDict()
+        self._finished_of: dict[int, set[int]] = {}
+        self._next_finished = 0
+        self._finished_tokens = 0
+        self._running_tokens = 0  # live tokens (prompt tail + output) of running requests in sibling/batch trees
+        self._tree_tokens = 0  # tokens held by every live tree: local, sibling and batch
+        self._evicted_outputs = 0
+        self._evicted_tokens = 0
 
     @property
     def request_ids(self) -> set[str]:
@@ -96,7 +145,7 @@ class LivePool:
     def lengths(self, request_id: str) -> tuple[int, int]:
         """``(prompt tokens, output tokens)`` of an active request. ``KeyError`` if unknown."""
         req = self._reqs[request_id]
-        return req.prompt_len, req.output_len
+        return req.text_prompt_len, req.output_len
 
     def context_tail(self, request_id: str) -> list[int]:
         """Last ``match_context_tokens`` tokens of a request's prompt + output (a new list). ``KeyError`` if unknown."""
@@ -117,7 +166,10 @@ class LivePool:
                 gram = tuple(p[i:i + g])
                 counts[gram] = counts.get(gram, 0) + 1
         req = _Request(problem_key, local, counts, prompt[-(g - 1):].tolist(), [],
-                       context=prompt[-self.cfg.match_context_tokens:].tolist(), prompt_len=len(prompt))
+                       context=prompt[-self.cfg.match_context_tokens:].tolist(), text_prompt_len=len(prompt))
+        if local is not None:
+            req.prompt_len = len(prompt)
+            self._tree_tokens += len(prompt)
         tail = prompt[-self.cfg.prompt_tail_tokens:] if self.cfg.prompt_tail_tokens else prompt[:0]
         joins = []
         if self.cfg.share_running_siblings:
@@ -136,6 +188,10 @@ class LivePool:
             grp.tree.extend_ndarray(member.seq, tail.copy())
             self._count_group(grp, member, tail.tolist())
             req.groups.append(member)
+            self._tree_tokens += len(tail)
+        if req.groups:
+            req.live_tail_len = len(tail)
+            self._running_tokens += len(tail)
         self._reqs[request_id] = req
 
     def _count_group(self, grp: _SiblingGroup, member: _Membership, tokens: list[int]) -> None:
@@ -162,6 +218,9 @@ class LivePool:
         req.output_len += len(tokens)
         req.context.extend(tokens)
         del req.context[:-self.cfg.match_context_tokens]
+        self._tree_tokens += len(tokens) * ((req.local is not None) + len(req.groups))
+        if req.groups:
+            self._running_tokens += len(tokens)
         if req.local is not None:
             req.local.extend(0, tokens)
             window = req.tail
@@ -179,27 +238,58 @@ class LivePool:
             self._count_group(grp, member, tokens)
 
     def stop(self, request_id: str) -> None:
-        """Forget a request; its sibling/batch outputs linger (see module docstring).
-        Raises ``KeyError`` if unknown."""
+        """Forget a request; its sibling/batch outputs linger until pushed or evicted (module
+        docstring: after the stop, if finished outputs hold more than ``live_token_budget``
+        tokens, the oldest are dropped down to half of it). Raises ``KeyError`` if unknown."""
         req = self._reqs.pop(request_id)
+        if req.local is not None:
+            self._tree_tokens -= req.prompt_len + req.output_len
+        if not req.groups:
+            return
+        held = req.live_tail_len + req.output_len
+        self._running_tokens -= held
+        members = []
         for member in req.groups:
             grp = self._groups[member.group_key]
             grp.running -= 1
             grp.finished.add(member.seq)
-            if req.output_len == 0:
-                self._drop_member(member.group_key, member.seq)
-            else:
-                self._lingering.append((member.group_key, member.seq))
-        while len(self._lingering) > self.cfg.max_lingering_finished:
-            self._drop_member(*self._lingering.popleft())
+            members.append((member.group_key, member.seq))
+        if req.output_len == 0:
+            for group_key, seq in members:
+                self._drop_member(group_key, seq, held)
+            return
+        serial = self._next_finished
+        self._next_finished += 1
+        self._finished[serial] = _Finished(req.problem_key, members, held)
+        self._finished_of.setdefault(req.problem_key, set()).add(serial)
+        self._finished_tokens += held
+        if self._finished_tokens <= self.cfg.live_token_budget:
+            return
+        # Over the budget: drop the oldest down to half of it, so that the native core, whose automata cannot forget
+        # a sequence and are rebuilt after a drop, rebuilds at most once per half-budget of new finished tokens.
+        while self._finished_tokens > self.cfg.live_token_budget // 2:
+            oldest = next(iter(self._finished))
+            self._evicted_outputs += 1
+            self._evicted_tokens += self._finished[oldest].tokens
+            self._drop_finished(oldest)
 
-    def _drop_member(self, group_key: int, seq: int) -> None:
-        grp = self._groups.get(group_key)
-        if grp is None or seq not in grp.finished:
-            return  # already released by add_rollouts
+    def _drop_finished(self, serial: int) -> None:
+        """Drop one finished output from every live tree holding it and from the queue."""
+        record = self._finished.pop(serial)
+        serials = self._finished_of[record.problem_key]
+        serials.discard(serial)
+        if not serials:
+            del self._finished_of[record.problem_key]
+        self._finished_tokens -= record.tokens
+        for group_key, seq in record.members:
+            self._drop_member(group_key, seq, record.tokens)
+
+    def _drop_member(self, group_key: int, seq: int, tokens: int) -> None:
+        grp = self._groups[group_key]
         grp.finished.discard(seq)
         grp.problem_of.pop(seq, None)
         grp.tree.remove(seq)
+        self._tree_tokens -= tokens
         for h in grp.grams.pop(seq):
             c = grp.counts[h] - 1
             if c:
@@ -210,24 +300,20 @@ class LivePool:
             del self._groups[group_key]
 
     def release_finished(self, problem_key: int) -> int:
-        """Drop finished outputs of a problem from its sibling tree and the batch tree (its rollouts just entered
-        the history). Returns how many sequences were dropped."""
+        """Drop the finished outputs of a problem from its sibling tree and the batch tree (its rollouts just
+        entered the history), whatever their age. Returns how many tree sequences were dropped (one per live tree
+        holding each output)."""
         dropped = 0
-        for group_key in (problem_key, BATCH_GROUP):
-            grp = self._groups.get(group_key)
-            if grp is None:
-                continue
-            seqs = [s for s in grp.finished if grp.problem_of.get(s) == problem_key]
-            for seq in seqs:
-                self._drop_member(group_key, seq)
-            dropped += len(seqs)
+        for serial in sorted(self._finished_of.get(problem_key, ())):
+            dropped += len(self._finished[serial].members)
+            self._drop_finished(serial)
         return dropped
 
     def clear(self) -> None:
-        """Forget all requests and sibling outputs."""
+        """Forget all requests and sibling outputs (counters included)."""
         self._reqs.clear()
         self._groups.clear()
-        self._lingering.clear()
+        self._init_counters()
 
     # ------------------------------------------------------------------ drafting
     def candidates(self, request_id: str, context: list[int], max_tokens: int) -> list[Candidate]:
@@ -262,9 +348,28 @@ class LivePool:
         return out
 
     def stats(self) -> dict:
-        """``{active_requests, sibling_groups, lingering_finished}``."""
+        """Live pool sizes (ints; tokens are token ids, bytes approximate):
+
+        * ``active_requests``: running requests; ``sibling_groups``: problems with a sibling tree;
+        * ``lingering_finished``: finished outputs still visible (requests, not tree sequences);
+        * ``live_running_tokens`` / ``live_finished_tokens``: live tokens (prompt tail + output) held in the
+          sibling/batch trees by running requests / by finished outputs (the latter <= ``live_token_budget``);
+        * ``live_token_budget``: the bound on ``live_finished_tokens``;
+        * ``live_evicted_outputs`` / ``live_evicted_tokens``: finished outputs (and their tokens) dropped by the
+          budget since the last clear, not counting those released by ``add_rollouts``;
+        * ``live_tree_tokens``: tokens held by every live tree (local trees: prompt + output of running requests;
+          sibling and batch trees: prompt tail + output per sequence);
+        * ``live_approx_bytes``: ``LIVE_TREE_BYTES_PER_TOKEN * live_tree_tokens``.
+        """
         return {
             "active_requests": len(self._reqs),
             "sibling_groups": sum(1 for k in self._groups if k != BATCH_GROUP),
-            "lingering_finished": sum(len(g.finished) for g in self._groups.values()),
+            "lingering_finished": len(self._finished),
+            "live_running_tokens": self._running_tokens,
+            "live_finished_tokens": self._finished_tokens,
+            "live_token_budget": self.cfg.live_token_budget,
+            "live_evicted_outputs": self._evicted_outputs,
+            "live_evicted_tokens": self._evicted_tokens,
+            "live_tree_tokens": self._tree_tokens,
+            "live_approx_bytes": LIVE_TREE_BYTES_PER_TOKEN * self._tree_tokens,
         }

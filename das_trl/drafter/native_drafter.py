@@ -299,9 +299,10 @@ class NativeDASDrafter:
     # ------------------------------------------------------------------ bookkeeping
     def stats(self) -> dict:
         """The reference drafter's stats keys plus the native core's memory figures: ``index_bytes`` (problem
-        automata), ``global_bytes``, ``live_bytes`` (own-text, sibling and batch automata, sequences and gram sets),
-        ``bytes_per_history_token`` ((index + global) bytes / history tokens), ``live_running_tokens``,
-        ``live_finished_tokens`` (lingering finished outputs), ``live_evicted``, ``live_rebuilds``."""
+        automata), ``global_bytes``, ``live_bytes`` (own-text, sibling and batch automata, sequences and gram sets;
+        also under the reference's key ``live_approx_bytes``, here measured), ``bytes_per_history_token``
+        ((index + global) bytes / history tokens), the reference's ``live_*`` token figures, ``live_rebuilds`` (group
+        automata rebuilt after losing members)."""
         with self._lock:
             out = self._history.stats()
         s = self._core.stats()
@@ -318,7 +319,10 @@ class NativeDASDrafter:
             index_bytes=s["index_bytes"], global_bytes=s["global_bytes"], live_bytes=s["live_bytes"],
             bytes_per_history_token=(s["index_bytes"] + s["global_bytes"]) / history_tokens if out["tokens"] else 0.0,
             live_running_tokens=s["live_running_tokens"], live_finished_tokens=s["live_finished_tokens"],
-            live_evicted=s["live_evicted"], live_rebuilds=s["live_rebuilds"], backend="native")
+            live_token_budget=self.config.live_token_budget, live_evicted_outputs=s["live_evicted_outputs"],
+            live_evicted_tokens=s["live_evicted_tokens"],
+            live_tree_tokens=s["live_local_tokens"] + s["live_group_tokens"], live_approx_bytes=s["live_bytes"],
+            live_rebuilds=s["live_rebuilds"], backend="native")
         out["global_seqs"] = out.pop("global_seqs") or 0
         return out
 

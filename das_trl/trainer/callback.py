@@ -48,22 +48,27 @@ class DASHistoryMirror:
         self.prompt_tail_tokens = (DrafterConfig().prompt_tail_tokens if prompt_tail_tokens is None
                                    else int(prompt_tail_tokens))
 
-    def record(self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]) -> None:
+    def record(self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
+               problem_keys: Sequence[int] | None = None) -> None:
         """Add one step's rollouts the way ``DASDrafter.add_rollouts`` does: one appearance per problem (problems in
         order of first rollout), empty completions dropped, the prompt's last ``prompt_tail_tokens`` kept.
 
         Args:
             prompts, completions: token ids per rollout (``prompts[i]`` pairs with ``completions[i]``).
+            problem_keys: explicit key per rollout (``das_problem_id``); ``None``: the hash of each prompt.
 
         Raises:
             ValueError: mismatched lengths, or token ids outside ``[0, 2**31)``.
         """
         if len(prompts) != len(completions):
             raise ValueError(f"got {len(prompts)} prompts but {len(completions)} completions")
+        if problem_keys is not None and len(problem_keys) != len(prompts):
+            raise ValueError(f"got {len(problem_keys)} problem keys for {len(prompts)} rollouts")
         groups: dict[int, tuple[np.ndarray, list[np.ndarray]]] = {}
-        for prompt, completion in zip(prompts, completions):
+        for i, (prompt, completion) in enumerate(zip(prompts, completions)):
             p, c = _tokens(prompt), _tokens(completion)
-            entry = groups.setdefault(problem_key(p), (p, []))
+            key = int(problem_keys[i]) if problem_keys is not None else problem_key(p)
+            entry = groups.setdefault(key, (p, []))
             if len(c):
                 entry[1].append(c)
         for key, (prompt, comps) in groups.items():

@@ -49,6 +49,15 @@ class DASGRPOConfig(GRPOConfig):
                           "(suffix trees; measured, docs/reliability.md), so the default 8M is about 5 GiB; size it "
                           "to the engine host."},
     )
+    das_live_token_budget: int = field(
+        default=2_000_000,
+        metadata={"help": "Tokens (prompt tail + output) that finished requests' outputs may hold in the engine's "
+                          "live sibling/batch trees until their problem's next history push; when, after a request "
+                          "stops, they hold more, the oldest are dropped down to half of it (running requests never "
+                          "are). "
+                          "About 0.8 KB of engine RAM per token (two trees; measured, docs/reliability.md), so the "
+                          "default 2M is about 1.6 GB at most."},
+    )
     das_max_spec_factor: float = field(
         default=1.0,
         metadata={"help": "A draft is at most this factor times the length of the matched suffix (arctic's "
@@ -134,6 +143,9 @@ def validate_das_settings(settings: dict[str, Any]) -> None:
         raise ValueError(f"das_window must be >= 1, got {settings['window']}")
     if settings["history_token_budget"] < 1:
         raise ValueError(f"das_history_token_budget must be >= 1, got {settings['history_token_budget']}")
+    budget = settings.get("live_token_budget", 0)
+    if not isinstance(budget, int) or isinstance(budget, bool) or budget < 0:
+        raise ValueError(f"das_live_token_budget must be an int >= 0 (tokens), got {budget!r}")
     if settings["max_spec_factor"] <= 0:
         raise ValueError(f"das_max_spec_factor must be > 0, got {settings['max_spec_factor']}")
     if not 0.0 <= settings["min_token_prob"] <= 1.0:
@@ -171,6 +183,7 @@ def drafter_config_fields(settings: dict[str, Any]) -> dict[str, Any]:
     return {
         "window": settings["window"],
         "history_token_budget": settings["history_token_budget"],
+        "live_token_budget": settings["live_token_budget"],
         "max_spec_tokens": settings["num_speculative_tokens"],
         "max_spec_factor": settings["max_spec_factor"],
         "min_token_prob": settings["min_token_prob"],

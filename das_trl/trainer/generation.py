@@ -27,6 +27,7 @@ from trl.generation.vllm_generation import VLLMGeneration
 from das_trl.trainer.config import drafter_config_fields
 from das_trl.trainer.quantization import engine_quantization
 from das_trl.vllm.client import DASEngine, DASEngineError, HTTPDASEngine, LocalDASEngine
+from das_trl.vllm.dtype import colocate_engine_dtype, dtype_mismatch_message, trainer_compute_dtype
 from das_trl.vllm.engine import das_engine_kwargs, is_cpu_build
 from das_trl.vllm.engine_check import check_engine_settings
 
@@ -120,6 +121,8 @@ class DASVLLMGeneration(VLLMGeneration):
         # das_vllm_kwargs["quantization"] wins.
         detected = engine_quantization(self.model)
         extra.setdefault("quantization", detected)
+        extra["dtype"], why = colocate_engine_dtype(extra, self.model, self.accelerator.mixed_precision)
+        logger.info("vLLM engine dtype %s: %s", extra["dtype"], why)
         # TRL's colocate arguments (trl 1.16), plus the DAS engine arguments.
         self.llm = LLM(
             model=self.model.name_or_path,
@@ -150,8 +153,12 @@ class DASVLLMGeneration(VLLMGeneration):
             stats = engine.attach(drafter_config_fields(self.das))
         except DASEngineError as exc:
             raise DASEngineError(f"DASGRPOTrainer cannot use the vLLM engine: {exc}") from None
-        logger.info("DAS drafter attached (K=%s, history tokens=%s)", stats.get("num_speculative_tokens"),
-                    stats.get("history_tokens"))
+        logger.info("DAS drafter attached (K=%s, history tokens=%s, engine dtype %s)",
+                    stats.get("num_speculative_tokens"), stats.get("history_tokens"), stats.get("engine_dtype"))
+        mismatch = dtype_mismatch_message(stats.get("engine_dtype"),
+                                          trainer_compute_dtype(self.model, self.accelerator.mixed_precision))
+        if mismatch:
+            logger.warning("%s", mismatch)
 
     # ----------------------------------------------------------------------------------------------------------------
     def sync_weights(self) -> None:

@@ -19,8 +19,10 @@ def format_step(step: int, logs: dict[str, float]) -> str | None:
     """``str`` line for a training log dict (``None`` when it holds no rollout metrics)."""
     if "das/rollout_seconds" not in logs:
         return None
+    flat = logs.get("frac_reward_zero_std")
+    flat_text = f" ({flat:.0%} flat groups)" if flat is not None else ""
     return (
-        f"[das-trl] step {step:>4} | reward {logs.get('reward', float('nan')):.3f} | "
+        f"[das-trl] step {step:>4} | reward {logs.get('reward', float('nan')):.3f}{flat_text} | "
         f"rollout {logs['das/rollout_seconds']:.1f}s (+ weight sync {logs.get('das/weight_sync_seconds', 0):.1f}s) | "
         f"tokens/round {logs.get('das/tokens_per_round', 1.0):.2f} | "
         f"drafts: {logs.get('das/draft_tokens', 0):.0f} proposed, {logs.get('das/accepted_tokens', 0):.0f} accepted | "
@@ -33,8 +35,22 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
+def reward_slope(rewards: list[float]) -> float | None:
+    """Least-squares slope of the mean reward per step (reward units per step); ``None`` with fewer than two finite
+    values."""
+    points = [(i, r) for i, r in enumerate(rewards) if not math.isnan(r)]
+    if len(points) < 2:
+        return None
+    mx = sum(i for i, _ in points) / len(points)
+    my = sum(r for _, r in points) / len(points)
+    sxx = sum((i - mx) ** 2 for i, _ in points)
+    return sum((i - mx) * (r - my) for i, r in points) / sxx
+
+
 def format_summary(history: list[dict[str, float]], steps: list[int] | None = None, cpu: bool | None = None) -> str:
-    """The end-of-run summary (one screen, at most ~15 lines) from the logged ``das/*`` metrics of each step.
+    """The end-of-run summary (one screen, at most ~15 lines) from the logged ``das/*`` metrics of each step, with
+    the reward trend (first step, last third, least-squares slope) and the share of groups whose rewards were all equal
+    (TRL's ``frac_reward_zero_std``: no advantage, no gradient).
 
     Args:
         history: one log dict per logged step, in order (each with ``das/rollout_seconds``).
@@ -82,8 +98,14 @@ def format_summary(history: list[dict[str, float]], steps: list[int] | None = No
         f"{last.get('das/history_tokens', 0):,.0f} tokens",
     ]
     if not all(math.isnan(r) for r in rewards):
+        slope = reward_slope(rewards)
+        trend = f" (least-squares trend {slope:+.3f}/step)" if slope is not None else ""
         lines.append(f"  reward                    first step {rewards[0]:.3f} -> last {tail} step(s) "
-                     f"{_mean(rewards[-tail:]):.3f}")
+                     f"{_mean(rewards[-tail:]):.3f}{trend}")
+    flat = [float(h["frac_reward_zero_std"]) for h in history if "frac_reward_zero_std" in h]
+    if flat:
+        lines.append(f"  groups w/o reward spread  {_mean(flat):.1%} of groups (mean over steps; GRPO learns nothing "
+                     f"from them), last step {flat[-1]:.0%}")
     if cpu:
         lines.append("  note: CPU engine. Rollout seconds are not a speed measure here (verification tokens cost "
                      "compute);")

@@ -32,10 +32,12 @@ from accelerate.utils import gather_object
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 from trl import GRPOTrainer
 
+from das_trl.drafter import problem_key
 from das_trl.drafter.rollout_log import RolloutRecord, append_records
 from das_trl.trainer.callback import DASHistoryCallback, DASHistoryMirror
 from das_trl.trainer.config import das_settings, validate_das_settings
 from das_trl.trainer.generation import DASVLLMGeneration
+from das_trl.trainer.problem_ids import problem_ids_of
 from das_trl.vllm.client import DASEngineError
 from das_trl.vllm.sampling_check import check_sampling_params, format_issues, trl_sampling_params
 
@@ -60,7 +62,9 @@ class DASGRPOTrainer(GRPOTrainer):
         use_vllm = bool(getattr(grpo_args, "use_vllm", False))
         self.das = das_settings(grpo_args)
         validate_das_settings(self.das)
-        self._das_pending: list[tuple[list[list[int]], list[list[int]]]] = []
+        # Per _generate call: (prompt ids, completion ids, explicit problem keys or None).
+        self._das_pending: list[tuple[list[list[int]], list[list[int]], list[int] | None]] = []
+        self._das_problem_ids: list[int] | None = None  # das_problem_id column of the batch being generated
         self._das_mirror: DASHistoryMirror | None = None
         # True when the engine's history may differ from the mirror (start, failed push): the next push loads the
         # whole mirror instead of the step's rollouts.
@@ -133,6 +137,11 @@ class DASGRPOTrainer(GRPOTrainer):
         )
 
     # ----------------------------------------------------------------------------------------------------------------
+    def _generate_and_score_completions(self, inputs: list, *args: Any, **kwargs: Any):
+        """TRL's method; first notes the batch's ``das_problem_id`` column (if any) for the history push."""
+        self._das_problem_ids = problem_ids_of(inputs) if self.use_vllm and self.das["enabled"] else None
+        return super()._generate_and_score_completions(inputs, *args, **kwargs)
+
     def _generate(self, prompts: list, *args: Any, **kwargs: Any):
         """TRL's ``_generate``, timed, with the rollouts recorded for the history push."""
         started = time.perf_counter()
@@ -149,7 +158,12 @@ class DASGRPOTrainer(GRPOTrainer):
         self._das_weight_sync_seconds += sync
         if self.use_vllm and self.das["enabled"] and self.model.training:
             prompt_ids, completion_ids = result[0], result[1]
-            self._das_pending.append(([list(p) for p in prompt_ids], [list(c) for c in completion_ids]))
+            keys = self._das_problem_ids
+            if keys is not None and len(keys) != len(prompt_ids):
+                logger.warning("das_problem_id: %d ids for %d rollouts; keying this batch by prompt", len(keys),
+                               len(prompt_ids))
+                keys = None
+            self._das_pending.append(([list(p) for p in prompt_ids], [list(c) for c in completion_ids], keys))
         return result
 
     def _das_engine_lost_message(self, exc: BaseException) -> str:
@@ -173,14 +187,20 @@ class DASGRPOTrainer(GRPOTrainer):
         pending, self._das_pending = self._das_pending, []
         prompts = [p for batch in pending for p in batch[0]]
         completions = [c for batch in pending for c in batch[1]]
+        # Explicit das_problem_id keys where the dataset has them, else the prompt's hash (the default key).
+        keys = [k for batch in pending
+                for k in (batch[2] if batch[2] is not None else [problem_key(p) for p in batch[0]])]
         # Every engine holds the whole step's history: in server mode one engine (main process), in colocate mode one
         # engine per process, each given every process's rollouts.
-        prompts, completions = gather_object(prompts), gather_object(completions)
+        prompts, completions, keys = gather_object(prompts), gather_object(completions), gather_object(keys)
+        explicit = any(batch[2] is not None for batch in pending)
+        explicit = any(gather_object([explicit]))
+        problem_keys = keys if explicit else None  # None: the engines hash the prompts (same keys, smaller payload)
         metrics: dict[str, float] = {"das/rollout_seconds": self._das_rollout_seconds,
                                      "das/weight_sync_seconds": self._das_weight_sync_seconds}
         self._das_rollout_seconds = self._das_weight_sync_seconds = 0.0
         if prompts and self._das_mirror is not None:
-            self._das_mirror.record(prompts, completions)
+            self._das_mirror.record(prompts, completions, problem_keys)
         engine = self.vllm_generation.engine
         if engine is not None and self._das_mirror is not None:
             try:
@@ -190,7 +210,7 @@ class DASGRPOTrainer(GRPOTrainer):
                     reply = engine.load_history(self._das_mirror.state())
                     metrics["das/history_reloads"] = 1.0
                 elif prompts:
-                    reply = engine.add_history(prompts, completions)
+                    reply = engine.add_history(prompts, completions, problem_keys)
                 else:
                     reply = {"stats": stats_before}
                 self._das_stale = False
@@ -202,6 +222,12 @@ class DASGRPOTrainer(GRPOTrainer):
                     "das/history_problems": stats.get("history_problems", 0),
                     "das/history_tokens": stats.get("history_tokens", 0),
                     "das/history_bytes": stats.get("history_bytes", 0),
+                    # The live pool at the end of the step's generation, before the push released the pushed
+                    # problems' finished outputs (bounded by das_live_token_budget); evictions are cumulative.
+                    "das/live_running_tokens": stats_before.get("live_running_tokens", 0),
+                    "das/live_finished_tokens": stats_before.get("live_finished_tokens", 0),
+                    "das/live_bytes": stats_before.get("live_approx_bytes", 0),
+                    "das/live_evicted_outputs": stats_before.get("live_evicted_outputs", 0),
                 })
             except DASEngineError as exc:
                 logger.warning("DAS history push failed (training continues; the next push reloads the whole "

@@ -14,12 +14,14 @@ Upstream API: ``vllm/v1/spec_decode/custom_class_proposer.py`` and ``GPUModelRun
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
 import numpy as np
 
 from das_trl.drafter import DrafterConfig, create_drafter, problem_key
+from das_trl.drafter.conversation import ConversationKeys
 from das_trl.drafter.policy import TIER_NAMES, LengthPolicy, LengthPolicyConfig
 
 logger = logging.getLogger(__name__)
@@ -44,6 +46,7 @@ class DASProposer:
         self.num_speculative_tokens = int(spec.num_speculative_tokens)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         self.vocab_size = int(vllm_config.model_config.get_vocab_size())
+        self.engine_dtype = str(getattr(vllm_config.model_config, "dtype", "")).removeprefix("torch.") or None
         self.drafter = create_drafter(DrafterConfig(max_spec_tokens=self.num_speculative_tokens))
         # Per-round budgets: the same LengthPolicy the replay benchmark uses (tiers by default; "fixed" = K each).
         self.policy = LengthPolicy(LengthPolicyConfig(max_budget=self.num_speculative_tokens))
@@ -51,6 +54,9 @@ class DASProposer:
         # Problem key of every request the drafter is tracking; the drafter keeps their texts and drafts.
         self._key_of: dict[str, int] = {}
         self._seen_totals = (0, 0, 0)  # drafter's acceptance_totals() already counted
+        # First prompts of conversations -> problem keys, so later turns draft from their problem (multi-turn).
+        self.conversations = ConversationKeys()
+        self._conversation_lock = threading.Lock()
         self._counters = dict(
             rounds=0,
             unattached_rounds=0,
@@ -142,6 +148,9 @@ class DASProposer:
         lengths: dict[int, list[int]] = {}
         for i, (prompt, comp) in enumerate(zip(prompts, completions)):
             key = int(problem_keys[i]) if problem_keys is not None else problem_key(prompt)
+            if key not in lengths:  # the conversation's first prompt: later turns extend it
+                with self._conversation_lock:
+                    self.conversations.register(np.asarray(prompt, dtype=np.int64), key)
             lengths.setdefault(key, []).append(len(comp))
         for key, lens in lengths.items():
             self.policy.observe(key, lens)
@@ -191,8 +200,7 @@ class DASProposer:
         for row, req_id, n_prompt in zip(rows.tolist(), ids, num_prompt.tolist()):
             if req_id not in self._key_of:  # first sight of a request
                 prompt = token_ids_cpu[row, :n_prompt]
-                key = self._explicit_problem_key(req_id)
-                self.drafter.start_request(req_id, prompt, problem_key=key)
+                self.drafter.start_request(req_id, prompt, problem_key=self._request_problem_key(req_id, prompt))
                 self._key_of[req_id] = self.drafter.problem_of(req_id)
         # Budgets from the length policy: long (and promoted) requests get more, all grow as the batch drains.
         output_len = num_tokens - num_prompt
@@ -238,6 +246,20 @@ class DASProposer:
         out[ok] = arr[rows[ok]]
         return out
 
+    def _request_problem_key(self, req_id: str, prompt: np.ndarray) -> int:
+        """A request's problem key: the explicit ``das_problem_id`` if sent; else the key of its conversation's first
+        prompt (a later turn of a multi-turn / tool-calling rollout extends it; :mod:`das_trl.drafter.conversation`);
+        else the hash of its prompt, which is registered as a conversation's first prompt."""
+        explicit = self._explicit_problem_key(req_id)
+        if explicit is not None:
+            return explicit
+        with self._conversation_lock:
+            key = self.conversations.resolve(prompt)
+            if key is None:
+                key = problem_key(prompt)
+                self.conversations.register(prompt, key)
+        return key
+
     def _explicit_problem_key(self, req_id: str) -> int | None:
         """The problem id sent as ``SamplingParams.extra_args[PROBLEM_ID_KEY]``, if any (else the prompt is hashed)."""
         request = getattr(self._runner, "requests", {}).get(req_id)
@@ -263,7 +285,8 @@ class DASProposer:
     def stats(self) -> dict[str, Any]:
         """Proposer counters merged with the drafter's stats (history size, sources); JSON-serializable.
 
-        Keys: ``attached`` (bool), ``rounds`` (propose calls), ``unattached_rounds`` (calls that proposed nothing
+        Keys: ``attached`` (bool), ``engine_dtype`` (the dtype the engine's model computes in, e.g. ``"float32"``),
+        ``rounds`` (propose calls), ``unattached_rounds`` (calls that proposed nothing
         because :meth:`attach` had not run), ``request_rounds``, ``drafts`` (non-empty drafts), ``draft_tokens``,
         ``accepted_tokens`` (as seen by the proposer: the final draft of each request is never observed),
         ``speculation_seconds`` (time spent in :meth:`propose`), ``tier_<short|medium|long>_rounds`` and
@@ -271,10 +294,13 @@ class DASProposer:
         round), ``policy_mode``, ``num_speculative_tokens``, ``history_problems``,
         ``history_appearances``, ``history_sequences``, ``history_tokens``, ``history_bytes`` (approximate),
         ``history_evicted_appearances``, ``active_requests``, ``calibration_tokens`` (verified draft tokens the drafter's
-        acceptance calibration learned from) and ``source_<name>`` (drafts won by each source).
+        acceptance calibration learned from), the drafter's live pool (``live_running_tokens``,
+        ``live_finished_tokens``, ``live_token_budget``, ``live_evicted_outputs``, ``live_approx_bytes``: see
+        ``DASDrafter.stats``), ``conversation_prompts`` / ``conversation_prompts_evicted`` (first prompts known for
+        multi-turn keys, at most 65,536) and ``source_<name>`` (drafts won by each source).
         """
         out: dict[str, Any] = {"attached": self.attached, "num_speculative_tokens": self.num_speculative_tokens,
-                               "policy_mode": self.policy.config.mode}
+                               "policy_mode": self.policy.config.mode, "engine_dtype": self.engine_dtype}
         out.update(self._counters)
         d = self.drafter.stats()
         out.update(
@@ -289,6 +315,10 @@ class DASProposer:
             history_update_seconds=d["update_seconds"],
             calibration_tokens=d["calibration_tokens"],
         )
+        out.update({k: d[k] for k in ("live_running_tokens", "live_finished_tokens", "live_token_budget",
+                                      "live_evicted_outputs", "live_approx_bytes") if k in d})
+        with self._conversation_lock:
+            out.update(self.conversations.stats())
         # Which source's candidate won each non-empty draft (per-problem history, running siblings, local, global).
         out.update({f"source_{name}": count for name, count in d["wins"].items()})
         return out

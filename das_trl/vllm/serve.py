@@ -40,7 +40,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                         help="vLLM memory fraction (on CPU builds: fraction of RAM for the KV cache; default 0.3 "
                              "on CPU, vLLM's default elsewhere)")
     parser.add_argument("--max-model-len", type=int, default=None)
-    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--dtype", default=None,
+                        help="model dtype (default: the checkpoint's own dtype, which a TRL trainer computes in "
+                             "without mixed precision; vLLM's 'auto' would downcast float32 to bfloat16)")
     parser.add_argument("--startup-timeout", type=float, default=900.0, help="seconds to wait for /health")
     parser.add_argument("--max-payload-bytes", type=int, default=None,
                         help="largest history payload the workers accept (DAS_TRL_MAX_PAYLOAD_BYTES; default 256 MiB)")
@@ -98,7 +100,7 @@ def build_command(args: argparse.Namespace, extra: list[str], cpu: bool,
     release = vllm_release() if release is None else release
     command = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", args.model, "--host", args.host, "--port", str(args.port), "--dtype", args.dtype,
+        "--model", args.model, "--host", args.host, "--port", str(args.port), "--dtype", args.dtype or "auto",
         "--logprobs-mode", "processed_logprobs", "--max-logprobs", "-1",
         *das_server_args(args.num_speculative_tokens),
     ]
@@ -149,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     for warning in server_arg_warnings(extra, release):
         logger.warning("%s", warning)
     from das_trl.vllm.client import HTTPDASEngine
+    from das_trl.vllm.dtype import serve_engine_dtype
     from das_trl.vllm.engine import is_cpu_build
 
     if args.model is None:
@@ -156,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
 
         args.model = prepare_default_model()
     warn_if_exposed(args.host)
+    args.dtype, why = serve_engine_dtype(args.dtype, args.model)
+    logger.info("engine dtype %s: %s", args.dtype, why)
     cpu = is_cpu_build()
     command = build_command(args, extra, cpu, release)
     env = dict(os.environ, VLLM_SERVER_DEV_MODE="1")

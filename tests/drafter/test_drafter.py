@@ -217,14 +217,71 @@ def test_state_dict_round_trip_gives_identical_proposals(rng, tmp_path, steps, e
     assert outs1 == outs2
 
 
-def test_lingering_finished_siblings_are_capped(rng):
-    d = make_drafter(max_lingering_finished=2)
+def test_live_token_budget_evicts_oldest_finished_outputs(rng):
+    # Each finished output holds prompt tail (10) + output (20) = 30 live tokens. Budget 100: the 4th stop brings the
+    # finished outputs to 120 > 100, so the oldest are dropped down to half the budget (50): three go, one stays.
+    d = make_drafter(live_token_budget=100)
     prompt = rand_seq(rng, 10)
+    outs = []
+    held = []
     for i in range(5):
+        outs.append(rand_seq(rng, 20))
         d.start_request(str(i), prompt)
-        d.extend_request(str(i), rand_seq(rng, 20))
+        d.extend_request(str(i), outs[-1])
         d.stop_request(str(i))
-    assert d.stats()["lingering_finished"] == 2
+        held.append(d.stats()["live_finished_tokens"])
+    assert held == [30, 60, 90, 30, 60]
+    stats = d.stats()
+    assert stats["lingering_finished"] == 2
+    assert stats["live_evicted_outputs"] == 3 and stats["live_evicted_tokens"] == 90
+    assert stats["live_running_tokens"] == 0
+    # The three oldest outputs are gone from the sibling and batch trees, the two newest still draft.
+    d.start_request("q", prompt)
+    assert d.propose("q", prompt + outs[2][:6], 8) == []
+    assert d.propose("q", prompt + outs[4][:6], 8) == outs[4][6:14]
+
+
+def test_live_pool_reports_running_and_finished_tokens(rng):
+    d = make_drafter(live_token_budget=1000, prompt_tail_tokens=8)
+    p1, p2 = rand_seq(rng, 12), rand_seq(rng, 12)
+    d.start_request("a", p1)
+    d.start_request("b", p2)
+    d.extend_request("a", rand_seq(rng, 30))
+    d.extend_request("b", rand_seq(rng, 5))
+    s = d.stats()
+    assert s["live_running_tokens"] == (8 + 30) + (8 + 5)
+    assert s["live_finished_tokens"] == 0
+    # local trees (prompt + output) + sibling and batch trees (tail + output each)
+    assert s["live_tree_tokens"] == (12 + 30) + (12 + 5) + 2 * ((8 + 30) + (8 + 5))
+    assert s["live_approx_bytes"] > 0
+    d.stop_request("a")
+    s = d.stats()
+    assert (s["live_running_tokens"], s["live_finished_tokens"]) == (8 + 5, 8 + 30)
+    assert s["live_tree_tokens"] == (12 + 5) + 2 * ((8 + 30) + (8 + 5))
+    # A push of a's problem releases its finished output whatever the budget.
+    d.add_rollouts([p1], [rand_seq(rng, 30)])
+    s = d.stats()
+    assert (s["lingering_finished"], s["live_finished_tokens"], s["live_evicted_outputs"]) == (0, 0, 0)
+    d.stop_request("b")
+    d.reset()
+    s = d.stats()
+    assert (s["live_running_tokens"], s["live_finished_tokens"], s["live_tree_tokens"]) == (0, 0, 0)
+
+
+def test_live_token_budget_zero_keeps_no_finished_output(rng):
+    d = make_drafter(live_token_budget=0)
+    prompt = rand_seq(rng, 10)
+    d.start_request("a", prompt)
+    d.extend_request("a", rand_seq(rng, 20))
+    d.stop_request("a")
+    assert d.stats()["lingering_finished"] == 0
+    assert d.stats()["live_tree_tokens"] == 0
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, None])
+def test_live_token_budget_rejects_bad_values(bad):
+    with pytest.raises(ValueError, match="live_token_budget"):
+        make_drafter(live_token_budget=bad)
 
 
 def test_add_rollouts_from_another_thread_while_proposing(rng):

@@ -1,7 +1,7 @@
 """The native core drafts exactly what the Python reference drafter drafts (with the reference suffix tree, whose
 ties go to the smallest token as the native core's do): tokens, sources, match lengths and the calibrated
 acceptance estimates, bit for bit, across pushes, evictions, recency weights, zero and partial budgets, trims and
-partial verifications."""
+partial verifications, live-pool evictions."""
 
 import numpy as np
 import pytest
@@ -33,6 +33,7 @@ CASES = [  # DrafterConfig fields, plus simulation sizes (vocab, out_len, n_prob
     dict(use_local_tree=False, share_running_batch=False, prompt_tail_tokens=4),
     dict(max_tree_depth=12, match_context_tokens=8, support_ngram=4),
     dict(draft_threads=3, n_problems=6, samples=8, steps=2),  # rows drafted by three threads
+    dict(live_token_budget=300),  # finished outputs evicted (down to half the budget) while siblings still run
 ]
 
 
@@ -47,8 +48,12 @@ def test_native_equals_reference(case, use_step):
     assert nat.check() == ""
     sn, sr = nat.stats(), ref.stats()
     for key in ("proposals", "drafts", "draft_tokens", "requests", "wins", "verified_drafts", "accepted_tokens",
-                "calibration_tokens", "tokens", "appearances", "sequences"):
+                "calibration_tokens", "tokens", "appearances", "sequences", "lingering_finished",
+                "live_running_tokens", "live_finished_tokens", "live_evicted_outputs", "live_evicted_tokens",
+                "live_tree_tokens"):
         assert sn[key] == sr[key], key
+    if "live_token_budget" in case:
+        assert sn["live_evicted_outputs"] > 0
 
 
 def test_equivalence_check_can_fail():

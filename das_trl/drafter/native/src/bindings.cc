@@ -219,7 +219,9 @@ NB_MODULE(_das_native, m) {
              out["live_local_tokens"] = l.local_tokens;
              out["live_bytes"] = l.bytes;
              out["live_rebuilds"] = l.rebuilds;
-             out["live_evicted"] = l.evicted;
+             out["live_evicted_outputs"] = l.evicted;
+             out["live_evicted_tokens"] = l.evicted_tokens;
+             out["live_group_tokens"] = l.group_tokens;
              out["live_group_appends"] = l.group_appends;
              out["live_group_chain_steps"] = l.group_chain_steps;
              out["live_local_appends"] = l.local_appends;

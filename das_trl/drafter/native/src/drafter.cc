@@ -513,6 +513,8 @@ Drafter::LiveStats Drafter::live_stats() const {
   s.finished_tokens = pool_.finished_tokens();
   s.rebuilds = pool_.rebuilds();
   s.evicted = pool_.evicted();
+  s.evicted_tokens = pool_.evicted_tokens();
+  s.group_tokens = pool_.group_tokens();
   size_t b = pool_.bytes();
   std::tie(s.group_appends, s.group_chain_steps) = pool_.walk_totals();
   for (const auto& r : reqs_) {

@@ -99,7 +99,7 @@ class Drafter {
   int calibration_bins() const { return cfg_.cal_bins; }
   struct LiveStats {
     int64_t active_requests = 0, sibling_groups = 0, lingering_finished = 0, running_tokens = 0, finished_tokens = 0,
-            local_tokens = 0, bytes = 0, rebuilds = 0, evicted = 0, group_appends = 0, group_chain_steps = 0,
+            local_tokens = 0, bytes = 0, rebuilds = 0, evicted = 0, evicted_tokens = 0, group_tokens = 0, group_appends = 0, group_chain_steps = 0,
             local_appends = 0, local_chain_steps = 0;
   };
   LiveStats live_stats() const;

@@ -122,6 +122,7 @@ void LivePool::enforce_bounds() {
     lingering_.pop_front();
     Seq& s = *seqs_[id];
     if (!s.alive || !s.lingering || s.generation != gen) continue;  // released already, or the id was reused
+    evicted_tokens_ += static_cast<int64_t>(s.tokens.size());
     drop(id);
     ++evicted_;
   }
@@ -185,7 +186,7 @@ void LivePool::clear() {
   groups_.clear();
   lingering_.clear();
   lingering_count_ = 0;
-  running_tokens_ = finished_tokens_ = 0;
+  running_tokens_ = finished_tokens_ = evicted_ = evicted_tokens_ = 0;
 }
 
 int64_t LivePool::sibling_groups() const {

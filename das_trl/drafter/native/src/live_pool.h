@@ -82,6 +82,13 @@ class LivePool {
   int64_t sibling_groups() const;
   int64_t rebuilds() const { return rebuilds_; }
   int64_t evicted() const { return evicted_; }
+  int64_t evicted_tokens() const { return evicted_tokens_; }
+  // Tokens held by the group automata (a sequence counts once per group holding it).
+  int64_t group_tokens() const {
+    int64_t t = 0;
+    for (const auto& kv : groups_) t += kv.second->tokens;
+    return t;
+  }
   // (appends, chain steps) summed over the live group automata.
   std::pair<int64_t, int64_t> walk_totals() const {
     int64_t a = 0, c = 0;
@@ -114,7 +121,7 @@ class LivePool {
   std::unordered_map<uint64_t, std::unique_ptr<Group>> groups_;
   std::deque<std::pair<int32_t, uint32_t>> lingering_;  // (id, generation) in stop order; stale entries skipped
   size_t lingering_count_ = 0;
-  int64_t running_tokens_ = 0, finished_tokens_ = 0, rebuilds_ = 0, evicted_ = 0;
+  int64_t running_tokens_ = 0, finished_tokens_ = 0, rebuilds_ = 0, evicted_ = 0, evicted_tokens_ = 0;
 };
 
 }  // namespace das

@@ -1,0 +1,115 @@
+"""Problem keys for multi-turn and tool-calling rollouts: a later turn belongs to its conversation's first prompt.
+
+A GRPO problem's key is the hash of its prompt ids (``problem_key.py``). In multi-turn / tool-calling GRPO (TRL's
+``_tool_call_loop``, trl 1.16), a later turn is generated from ``first prompt + earlier turns + tool output`` as a new
+engine request with ``n = 1``; hashed on its own, that prompt is a key no history was ever pushed under, so the
+problem's history and siblings stopped drafting after the first turn. :class:`ConversationKeys` maps such a prompt
+back to its conversation:
+
+* **register** ``(prompt, key)``: every history push registers each rollout's (first-turn) prompt with the key its
+  history went under (an explicit ``das_problem_id`` included), and a request whose prompt resolves to nothing
+  registers its own prompt with its prompt hash (the first turn of a problem not pushed yet);
+* **resolve** ``prompt``: the key of the *longest registered prompt that equals or prefixes it*; ``None`` if none does.
+
+So a conversation's turns all draft from the problem's history and siblings, keyed by what the trainer pushed.
+Registered prompts are held as (length, 64-bit polynomial prefix hash) pairs, not tokens: a hash collision can only
+make a request draft from another problem's trees (drafts are verified, outputs never change). At most
+``max_prompts`` prompts are kept, least recently used first out (``stats()``).
+
+Limits (docs/troubleshooting.md): a dataset whose prompts are prefixes of other dataset prompts (e.g. conversation
+prefixes as separate rows) maps the longer prompt's requests to the shorter problem until the longer one's rollouts
+are pushed once; explicit ids registered by a push are known from the next step on, and after an engine restart
+from the next push on.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+
+_BASE = np.uint64(0x9E3779B97F4A7C15)  # odd multiplier; arithmetic wraps mod 2**64
+
+
+class ConversationKeys:
+    """Registered first-turn prompts -> problem keys, resolved by longest prefix.
+
+    Args:
+        max_prompts: most prompts kept (int >= 1); the least recently registered or resolved one is dropped first.
+
+    Memory: about 200 bytes per registered prompt (a dict entry and its key), whatever the prompt's length; the
+    prefix-hash powers table is 8 bytes per token of the longest prompt seen.
+
+    Not thread-safe (the owner locks).
+
+    Raises:
+        ValueError: ``max_prompts < 1``.
+    """
+
+    def __init__(self, max_prompts: int = 65_536) -> None:
+        if not isinstance(max_prompts, int) or isinstance(max_prompts, bool) or max_prompts < 1:
+            raise ValueError(f"max_prompts must be an int >= 1, got {max_prompts!r}")
+        self.max_prompts = max_prompts
+        self._entries: OrderedDict[tuple[int, int], int] = OrderedDict()  # (length, prefix hash) -> key, LRU order
+        self._lengths: dict[int, int] = {}  # prompt length -> registered prompts of that length
+        self._powers = np.ones(1, np.uint64)
+        self._evicted = 0
+
+    def _prefix_hashes(self, prompt: np.ndarray) -> np.ndarray:
+        """``uint64 [len(prompt) + 1]``: element ``i`` hashes ``prompt[:i]`` (sum of ``(t_j + 1) * B**j`` mod 2**64)."""
+        n = len(prompt)
+        if len(self._powers) < n:
+            grow = np.full(n - len(self._powers) + 1, _BASE, np.uint64)
+            grow[0] = self._powers[-1]
+            self._powers = np.concatenate([self._powers[:-1], np.cumprod(grow, dtype=np.uint64)])
+        out = np.zeros(n + 1, np.uint64)
+        with np.errstate(over="ignore"):
+            np.cumsum((prompt.astype(np.uint64) + np.uint64(1)) * self._powers[:n], out=out[1:], dtype=np.uint64)
+        return out
+
+    def resolve(self, prompt: np.ndarray) -> int | None:
+        """The key of the longest registered prompt equal to or a prefix of ``prompt`` (1-D int array); ``None`` when
+        none is. A hit counts as a use (least-recently-used order)."""
+        n = len(prompt)
+        if not self._entries or n == 0:
+            return None
+        hashes = self._prefix_hashes(prompt)
+        for length in sorted((ln for ln in self._lengths if ln <= n), reverse=True):
+            entry = (length, int(hashes[length]))
+            key = self._entries.get(entry)
+            if key is not None:
+                self._entries.move_to_end(entry)
+                return key
+        return None
+
+    def register(self, prompt: np.ndarray, key: int) -> None:
+        """Map ``prompt`` (1-D int array, non-empty) to ``key`` (replacing an earlier key of the same prompt); drops
+        the least recently used prompt beyond ``max_prompts``. An empty prompt is ignored."""
+        n = len(prompt)
+        if n == 0:
+            return
+        entry = (n, int(self._prefix_hashes(prompt)[n]))
+        if entry not in self._entries:
+            self._lengths[n] = self._lengths.get(n, 0) + 1
+        self._entries[entry] = int(key)
+        self._entries.move_to_end(entry)
+        while len(self._entries) > self.max_prompts:
+            (length, _), _ = self._entries.popitem(last=False)
+            self._evicted += 1
+            left = self._lengths[length] - 1
+            if left:
+                self._lengths[length] = left
+            else:
+                del self._lengths[length]
+
+    def clear(self) -> None:
+        """Forget every registered prompt."""
+        self._entries.clear()
+        self._lengths.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def stats(self) -> dict:
+        """``{"conversation_prompts": registered prompts, "conversation_prompts_evicted": dropped by max_prompts}``."""
+        return {"conversation_prompts": len(self._entries), "conversation_prompts_evicted": self._evicted}
