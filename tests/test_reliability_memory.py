@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from das_trl.bench.history_memory import main, run
 
 
@@ -27,7 +29,8 @@ def test_command_line_exit_code(capsys):
     assert "OK: budget held" in capsys.readouterr().out
 
 
-def test_live_pool_bounded_by_token_budget_without_pushes():
+@pytest.mark.parametrize("backend", ["python", "native"])
+def test_live_pool_bounded_by_token_budget_without_pushes(backend):
     """Issue 11 case (live pool), scaled down: requests finish and are never pushed into the history; the finished
     outputs in the sibling/batch trees stay within live_token_budget, and so does the process's RSS growth."""
     import json
@@ -39,7 +42,7 @@ def test_live_pool_bounded_by_token_budget_without_pushes():
     requests, prompt, output, budget = 300, 64, 500, 20_000
     # A fresh process: RSS growth is not hidden by (or blamed on) memory freed by earlier tests.
     cmd = [sys.executable, "-m", "das_trl.bench.live_memory", "--requests", str(requests), "--prompt", str(prompt),
-           "--output", str(output), "--budget", str(budget)]
+           "--output", str(output), "--budget", str(budget), "--backend", backend]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])

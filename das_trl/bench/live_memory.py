@@ -1,7 +1,7 @@
 """Benchmark: the drafter's live pool stays bounded by its token budget (reliability case 5, issue 11).
 
-Runs the issue's input through the public :class:`~das_trl.drafter.DASDrafter` API with no history push at all (an
-evaluation pass, or a trainer that never pushes): ``--requests`` requests, each its own problem, one after another:
+Runs the issue's input through the public drafter API (reference or native, ``--backend``) with no history push
+at all (an evaluation pass, or a trainer that never pushes): ``--requests`` requests, each its own problem, one after another:
 ``start_request`` with a random ``--prompt``-token prompt, ``extend_request`` with ``--output`` random tokens in pieces
 of ``--piece``, ``stop_request``. Finished outputs stay visible to siblings and to the batch tree until their problem
 is pushed, which here never happens, so only ``DrafterConfig.live_token_budget`` bounds them.
@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from das_trl.drafter import DASDrafter, DrafterConfig
+from das_trl.drafter import DrafterConfig, create_drafter
 
 
 def _rss() -> int:
@@ -38,7 +38,7 @@ def _rss() -> int:
 
 
 def run(requests: int = 2000, prompt: int = 64, output: int = 1000, piece: int = 50, budget: int | None = None,
-        seed: int = 0) -> dict:
+        seed: int = 0, backend: str = "python") -> dict:
     """Run the input once in this process and measure it.
 
     Args:
@@ -47,6 +47,7 @@ def run(requests: int = 2000, prompt: int = 64, output: int = 1000, piece: int =
         budget: ``DrafterConfig.live_token_budget`` (``None``: the default; a negative value: larger than the
             whole input, so nothing is evicted).
         seed: token generator seed.
+        backend: ``DrafterConfig.backend`` (``"python"``: the reference drafter; ``"native"``: the C++ core).
 
     Returns:
         ``dict`` with ``budget``, ``input_tokens`` (output tokens in all), ``max_finished_tokens`` (largest
@@ -63,9 +64,10 @@ def run(requests: int = 2000, prompt: int = 64, output: int = 1000, piece: int =
             raise ValueError(f"{name} must be >= 1, got {value}")
     if budget is not None and budget < 0:
         budget = requests * (output + prompt) + 1
-    config = DrafterConfig() if budget is None else DrafterConfig(live_token_budget=budget)
+    config = DrafterConfig(backend=backend) if budget is None else DrafterConfig(live_token_budget=budget,
+                                                                                 backend=backend)
     rng = np.random.default_rng(seed)
-    drafter = DASDrafter(config)
+    drafter = create_drafter(config)
     gc.collect()
     rss_start = _rss()
     started = time.perf_counter()
@@ -108,8 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", type=int, default=None,
                    help="live_token_budget (default: DrafterConfig's; negative: no eviction)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--backend", choices=("python", "native"), default="python")
     args = p.parse_args(argv)
-    result = run(args.requests, args.prompt, args.output, args.piece, args.budget, args.seed)
+    result = run(args.requests, args.prompt, args.output, args.piece, args.budget, args.seed, args.backend)
     print(json.dumps(result), flush=True)
     return 0 if result["budget_held"] else 1
 
