@@ -103,6 +103,10 @@ class Automaton {
   }
   // The state on s's suffix-link chain holding the suffix of length n (s must hold a suffix of length >= n).
   int32_t suffix_state(int32_t s, int64_t n) const { return down_to(s, n); }
+  // Hint the CPU to fetch state s (an upcoming row's first access) into cache.
+  void prefetch(int32_t s) const {
+    if (s >= 0 && static_cast<size_t>(s) < st_.size()) __builtin_prefetch(&st_[s]);
+  }
   int depth() const { return depth_; }
   size_t num_states() const { return st_.size(); }
   const std::vector<State>& states() const { return st_; }

@@ -362,6 +362,20 @@ void Drafter::propose(const int32_t* slots, const int32_t* budgets, int64_t n, i
   propose_rows(slots, budgets, n, tokens, accept, lengths, source, match_len);
 }
 
+void Drafter::prefetch_row(const Request& r, const Snapshot* psnap, const Snapshot* gsnap) const {
+  __builtin_prefetch(r.ctx.data() + (r.ctx.empty() ? 0 : r.ctx.size() - 1));
+  if (r.local) r.local->prefetch(r.local_cur.ptr), r.local->prefetch(r.local_cur.last);
+  if (psnap && r.hm[0].version == psnap->version()) psnap->prefetch(r.hm[0].v);
+  if (gsnap && r.hm[1].version == gsnap->version()) gsnap->prefetch(r.hm[1].v);
+  if (r.seq >= 0) {
+    const LivePool::Seq& sq = pool_.seq(r.seq);
+    for (int w = 0; w < 2; ++w) {
+      const LivePool::Group* g = pool_.peek_group(r.seq, w);
+      if (g) g->sam.prefetch(sq.cursor[w].ptr), g->sam.prefetch(sq.cursor[w].last);
+    }
+  }
+}
+
 void Drafter::propose_rows(const int32_t* slots, const int32_t* budgets, int64_t n, int32_t* tokens, double* accept,
                            int32_t* lengths, int8_t* source, int32_t* match_len) {
   const int K = cfg_.max_spec_tokens;
@@ -380,6 +394,7 @@ void Drafter::propose_rows(const int32_t* slots, const int32_t* budgets, int64_t
   worker_ctr_.assign(threads, Counters());
   auto rows = [&](int64_t begin, int64_t end, int w) {
     for (int64_t i = begin; i < end; ++i) {
+      if (i + 2 < end) prefetch_row(reqs_[slots[i + 2]], snaps_buf_[i + 2].get(), gsnap);
       RowOut out;
       out.tokens = tokens + i * K;
       out.accept = accept + i * K;
@@ -422,6 +437,7 @@ void Drafter::step(const int32_t* matrix, int64_t rows_in_matrix, int64_t row_le
   }
   for (int64_t i = 0; i < n; ++i) {
     Request& r = reqs_[slots[i]];
+    if (i + 2 < n) prefetch_row(reqs_[slots[i + 2]], nullptr, nullptr);
     const int32_t* text = matrix + static_cast<int64_t>(rows[i]) * row_len;
     const int64_t num_output = static_cast<int64_t>(num_tokens[i]) - num_prompt[i];
     if (r.output_len > num_output || r.prompt_len != num_prompt[i]) {

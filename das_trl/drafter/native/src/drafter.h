@@ -137,6 +137,8 @@ class Drafter {
   int64_t snapshot_support(const Snapshot& s, const RawDraft& d, const int32_t* ctx, int ctx_len) const;
   void propose_row(Request& r, int budget, const Snapshot* problem_snap, const Snapshot* global_snap, RowOut& out,
                    Counters& ctr);
+  // Prefetch the states an upcoming row will touch first (rows are independent: their data is scattered in memory).
+  void prefetch_row(const Request& r, const Snapshot* psnap, const Snapshot* gsnap) const;
   void start_locked(int32_t slot, const int32_t* prompt, int64_t n, uint64_t problem);
   void extend_locked(Request& r, const int32_t* tokens, int64_t n);
   void stop_locked(Request& r);

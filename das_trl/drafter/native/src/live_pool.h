@@ -74,6 +74,12 @@ class LivePool {
   // The group a running sequence is in ([0] siblings, [1] batch), rebuilt first if needed; nullptr if none.
   Group* group_of(int32_t seq, int which);
   const Seq& seq(int32_t id) const { return *seqs_[id]; }
+  // The group a sequence is in, as it is (no rebuild; may be stale): for prefetching only.
+  const Group* peek_group(int32_t seq, int which) const {
+    if (which == 0 ? !cfg_.share_siblings : !cfg_.share_batch) return nullptr;
+    auto it = groups_.find(key_of(seq, which));
+    return it == groups_.end() ? nullptr : it->second.get();
+  }
   Seq& seq(int32_t id) { return *seqs_[id]; }
 
   int64_t running_tokens() const { return running_tokens_; }

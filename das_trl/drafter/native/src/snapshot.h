@@ -50,6 +50,12 @@ class Snapshot {
   }
   // Distinct sequences containing the g-gram held by state s (s must hold a string of length gram).
   int32_t distinct(int32_t s) const { return st_[s].distinct; }
+  void prefetch(int32_t s) const {
+    if (s >= 0 && static_cast<size_t>(s) < st_.size()) {
+      __builtin_prefetch(&st_[s]);
+      __builtin_prefetch(&edges_[st_[s].edge_begin]);
+    }
+  }
   int depth() const { return depth_; }
   int gram() const { return gram_; }
   uint64_t version() const { return version_; }
