@@ -323,6 +323,14 @@ class DASProposer:
         out.update({f"source_{name}": count for name, count in d["wins"].items()})
         return out
 
+    def reset_history(self) -> None:
+        """Drop the drafter's history and live requests (``DASDrafter.reset``). The requests tracked so far are
+        forgotten here too: one still running is taken up again at its next round (the drafter catches up from the
+        engine's token rows), and one that ended is not stopped twice."""
+        self._key_of.clear()
+        self.drafter.reset()
+        self._seen_totals = self.drafter.acceptance_totals()
+
     def reset_counters(self) -> None:
         """Zero the proposer's counters (history is kept)."""
         for key in self._counters:

@@ -360,7 +360,7 @@ class DASWorkerExtension:
         if what not in ("counters", "history", "all"):
             return _error(f"das_reset: unknown target {what!r} (use 'counters', 'history' or 'all')")
         if what in ("history", "all"):
-            proposer.drafter.reset()
+            proposer.reset_history()
         if what in ("counters", "all"):
             proposer.reset_counters()
         return {"ok": True, "stats": proposer.stats()}
