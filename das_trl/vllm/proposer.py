@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from das_trl.drafter import DASDrafter, DrafterConfig, problem_key
+from das_trl.drafter.controller import BudgetController, ControllerConfig
 from das_trl.drafter.policy import TIER_NAMES, LengthPolicy, LengthPolicyConfig
 
 logger = logging.getLogger(__name__)
@@ -45,8 +46,16 @@ class DASProposer:
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         self.vocab_size = int(vllm_config.model_config.get_vocab_size())
         self.drafter = DASDrafter(DrafterConfig(max_spec_tokens=self.num_speculative_tokens))
-        # Per-round budgets: the same LengthPolicy the replay benchmark uses (tiers by default; "fixed" = K each).
+        # Per-round budgets: the batch budget controller by default (drafts first, then keeps what pays, see
+        # das_trl.drafter.controller); a LengthPolicy (tiers / cost / fixed, budgets before drafting) when
+        # attach() is given a policy_config. Both are the objects the replay benchmark uses.
         self.policy = LengthPolicy(LengthPolicyConfig(max_budget=self.num_speculative_tokens))
+        self.controller = BudgetController(ControllerConfig())
+        self.budget_source = "controller"  # or "length_policy"
+        self._rounds: dict[str, int] = {}      # verification rounds per request (controller input)
+        self._max_output: dict[str, int] = {}  # the request's max_tokens, when known (controller input)
+        self._step_end: float | None = None    # _clock() at the end of the last propose (online cost fit)
+        self._clock = time.perf_counter         # seconds; replaceable in tests
         self._runner: Any = None
         # Per request: output tokens already given to the drafter, and the length of its last draft.
         self._known_output: dict[str, int] = {}
@@ -60,8 +69,8 @@ class DASProposer:
             accepted_tokens=0,
             verified_drafts=0,
             speculation_seconds=0.0,
-            **{f"tier_{name}_rounds": 0 for name in TIER_NAMES},
-            **{f"tier_{name}_tokens": 0 for name in TIER_NAMES},
+            **{f"budget_tier_{name}_rounds": 0 for name in TIER_NAMES},
+            **{f"budget_tier_{name}_tokens": 0 for name in TIER_NAMES},
         )
 
     # vLLM's CPU runner calls this unconditionally; a suffix-tree drafter has no model to load.
@@ -74,15 +83,20 @@ class DASProposer:
         return self._runner is not None
 
     def attach(self, model_runner: Any, drafter_config: DrafterConfig | None = None,
-               policy_config: LengthPolicyConfig | None = None) -> None:
+               policy_config: LengthPolicyConfig | None = None,
+               controller_config: ControllerConfig | None = None) -> None:
         """Give the proposer the model runner whose ``input_batch`` maps batch rows to requests.
 
         Args:
             model_runner: vLLM's ``GPUModelRunner`` (also the CPU runner's base class).
             drafter_config: when given and different from the current one, the drafter is rebuilt with it and its
                 history is carried over.
-            policy_config: when given, the length policy is rebuilt with it (its ``max_budget`` is capped at K); the
-                problems' observed lengths are replayed from the history so tiers survive the change.
+            policy_config: when given, the length policy is rebuilt with it (its ``max_budget`` is capped at K), the
+                problems' observed lengths are replayed from the history so tiers survive the change, and budgets
+                come from it (``budget_source = "length_policy"``).
+            controller_config: when given, the budget controller is rebuilt with it (lengths replayed from the
+                history) and budgets come from it (``budget_source = "controller"``, the default). With both
+                configs, the controller wins.
 
         Raises:
             TypeError: ``model_runner`` has no ``input_batch``.
@@ -107,13 +121,22 @@ class DASProposer:
         if policy_config is not None:
             capped = min(policy_config.max_budget, self.num_speculative_tokens)
             self.policy = LengthPolicy(LengthPolicyConfig(**{**policy_config.to_dict(), "max_budget": capped}))
+            self.budget_source = "length_policy"
+        if controller_config is not None:
+            self.controller = BudgetController(controller_config)
+            self.budget_source = "controller"
+        if policy_config is not None or controller_config is not None:
             self._observe_history()
+        self._step_end = None
         self._runner = model_runner
 
     def _observe_history(self) -> None:
-        """Feed every problem's windowed completion lengths to the length policy (after a rebuild or a load)."""
+        """Feed every problem's windowed completion lengths to the length policy and the controller (after a rebuild
+        or a load)."""
         for key in self.drafter.history_problems():
-            self.policy.observe(key, self.drafter.history_lengths(key).tolist())
+            lengths = self.drafter.history_lengths(key).tolist()
+            self.policy.observe(key, lengths)
+            self.controller.observe(key, lengths)
 
     def load_history(self, state: dict[str, Any]) -> None:
         """Replace the drafter's history with a saved one (``RolloutHistory.to_state()`` dict) and refresh the length
@@ -144,6 +167,7 @@ class DASProposer:
             lengths.setdefault(key, []).append(len(comp))
         for key, lens in lengths.items():
             self.policy.observe(key, lens)
+            self.controller.observe(key, lens)
         return added
 
     def detach(self) -> None:
@@ -175,7 +199,9 @@ class DASProposer:
         if self._runner is None:
             self._counters["unattached_rounds"] += 1
             return [[] for _ in sampled_token_ids]
-        started = time.perf_counter()
+        started = self._clock()
+        if self.budget_source == "controller":
+            self._observe_step_time(started, sampled_token_ids)
         batch = self._runner.input_batch
         live = set(batch.req_ids[: len(sampled_token_ids)])
         for req_id in [r for r in self._known_output if r not in live]:
@@ -190,14 +216,19 @@ class DASProposer:
             num_prompt = int(batch.num_prompt_tokens[row])
             self._sync_request(req_id, row, num_prompt, num_tokens, len(sampled), token_ids_cpu)
             rows.append((row, req_id, num_tokens, num_tokens - num_prompt))
+        if self.budget_source == "controller":
+            drafts = self._controller_drafts(rows, len(sampled_token_ids))
+            self._step_end = self._clock()
+            self._counters["speculation_seconds"] += self._step_end - started
+            return drafts
         # 2. Budgets from the length policy: long (and promoted) requests get more, all grow as the batch drains.
         keys = [self.drafter.problem_of(req_id) for _, req_id, _, _ in rows]
         budgets = self.policy.budgets([(k, n) for k, (_, _, _, n) in zip(keys, rows)], num_running=len(live))
         drafts: list[list[int]] = [[] for _ in sampled_token_ids]
         for (row, req_id, num_tokens, output_len), key, budget in zip(rows, keys, budgets):
             tier = TIER_NAMES[self.policy.tier(key, output_len)]
-            self._counters[f"tier_{tier}_rounds"] += 1
-            self._counters[f"tier_{tier}_tokens"] += len(sampled_token_ids[row])
+            self._counters[f"budget_tier_{tier}_rounds"] += 1
+            self._counters[f"budget_tier_{tier}_tokens"] += len(sampled_token_ids[row])
             budget = min(budget, self.num_speculative_tokens, self.max_model_len - num_tokens - 1)
             draft: list[int] = []
             if budget > 0:
@@ -209,8 +240,56 @@ class DASProposer:
                 self._counters["drafts"] += 1
                 self._counters["draft_tokens"] += len(draft)
             drafts[row] = draft
-        self._counters["speculation_seconds"] += time.perf_counter() - started
+        self._counters["speculation_seconds"] += self._clock() - started
         return drafts
+
+    # ------------------------------------------------------------------ budgets from the controller
+    def _controller_drafts(self, rows: list[tuple[int, str, int, int]], num_rows: int) -> list[list[int]]:
+        """Draft every row up to its hard cap, let the controller keep what pays, cut the drafts to that.
+
+        ``rows``: ``(batch row, request id, tokens so far, output tokens so far)`` of the rows with sampled tokens.
+        Returns one draft per batch row (``num_rows``). The kept length is what vLLM verifies and what
+        :meth:`_sync_request` reports back to the drafter as ``num_verified`` next round."""
+        drafts: list[list[int]] = [[] for _ in range(num_rows)]
+        if not rows:
+            return drafts
+        n = len(rows)
+        req_ids = [req_id for _, req_id, _, _ in rows]
+        num_tokens = np.fromiter((t for _, _, t, _ in rows), np.int64, n)
+        hard_cap = np.clip(self.max_model_len - num_tokens - 1, 0, self.num_speculative_tokens)
+        batch = self.drafter.propose_batch(req_ids, hard_cap)
+        keys = np.fromiter((self.drafter.problem_of(r) for r in req_ids), np.int64, n)
+        output_len = np.fromiter((o for _, _, _, o in rows), np.int64, n)
+        rounds = np.fromiter((self._rounds.get(r, 0) for r in req_ids), np.int64, n)
+        max_out = np.fromiter((self._max_output.get(r, 0) for r in req_ids), np.int64, n)
+        max_out = np.where(max_out > 0, max_out, self.max_model_len)
+        batch.truncate(self.controller.budgets(batch.accept, keys, output_len, rounds, max_out))
+        lengths = batch.lengths.tolist()
+        for (row, req_id, _, _), draft, k in zip(rows, batch.as_lists(), lengths):
+            drafts[row] = draft
+            self._last_draft_len[req_id] = k
+        self._counters["request_rounds"] += n
+        self._counters["drafts"] += sum(1 for k in lengths if k)
+        self._counters["draft_tokens"] += sum(lengths)
+        return drafts
+
+    def _observe_step_time(self, now: float, sampled_token_ids: list[list[int]]) -> None:
+        """Feed the controller's online cost fit with the step that just ran, when every token in it is known: rows
+        seen before, each verifying 1 sampled + its scheduled draft tokens. Steps with a new row or a partial prefill
+        (prompt chunks the proposer cannot size) are skipped; the interval measured is from the end of the last
+        ``propose`` to now (forward pass, sampling, scheduling; not the drafter's own time)."""
+        if self._step_end is None:
+            return
+        batch = self._runner.input_batch
+        tokens = 0
+        for row, sampled in enumerate(sampled_token_ids):
+            req_id = batch.req_ids[row]
+            if not sampled or req_id not in self._known_output:
+                return
+            last = self._last_draft_len.get(req_id, 0)
+            tokens += 1 + (self._verified_draft_len(row, last) if last else 0)
+        if tokens:
+            self.controller.observe_step(tokens, 1000.0 * (now - self._step_end))
 
     def _sync_request(
         self, req_id: str, row: int, num_prompt: int, num_tokens: int, num_sampled: int, token_ids_cpu: np.ndarray
@@ -225,7 +304,13 @@ class DASProposer:
                 req_id, token_ids_cpu[row, :num_prompt].copy(), problem_key=self._explicit_problem_key(req_id)
             )
             known = 0
+            self._rounds[req_id] = 0
+            max_tokens = getattr(getattr(getattr(self._runner, "requests", {}).get(req_id), "sampling_params", None),
+                                 "max_tokens", None)
+            if isinstance(max_tokens, int) and max_tokens > 0:
+                self._max_output[req_id] = max_tokens
         else:
+            self._rounds[req_id] = self._rounds.get(req_id, 0) + 1
             # Rows that drafted last round got (accepted + 1) tokens this round.
             last = self._last_draft_len.get(req_id, 0)
             if last > 0:
@@ -262,11 +347,16 @@ class DASProposer:
         except (TypeError, ValueError):
             logger.warning("ignoring non-integer %s=%r for request %s", PROBLEM_ID_KEY, value, req_id)
             return None
-        return key if key >= 0 else None
+        if not 0 <= key < 2**63:  # the range add_rollouts accepts for explicit keys
+            logger.warning("ignoring %s=%r for request %s: must be in [0, 2**63)", PROBLEM_ID_KEY, value, req_id)
+            return None
+        return key
 
     def _finish(self, req_id: str) -> None:
         self._known_output.pop(req_id, None)
         self._last_draft_len.pop(req_id, None)
+        self._rounds.pop(req_id, None)
+        self._max_output.pop(req_id, None)
         if req_id in self.drafter.active_requests:
             self.drafter.stop_request(req_id)
 
@@ -276,16 +366,28 @@ class DASProposer:
         Keys: ``attached`` (bool), ``rounds`` (propose calls), ``unattached_rounds`` (calls that proposed nothing
         because :meth:`attach` had not run), ``request_rounds``, ``drafts`` (non-empty drafts), ``draft_tokens``,
         ``accepted_tokens`` (as seen by the proposer: the final draft of each request is never observed),
-        ``speculation_seconds`` (time spent in :meth:`propose`), ``tier_<short|medium|long>_rounds`` and
-        ``tier_<...>_tokens`` (request-rounds and tokens emitted per round, by the request's length tier at that
-        round), ``policy_mode``, ``num_speculative_tokens``, ``history_problems``,
+        ``speculation_seconds`` (time spent in :meth:`propose`), ``budget_source`` (``"controller"`` or
+        ``"length_policy"``), ``policy_mode`` (``"controller"`` or the length policy's mode), ``budget_*``: the
+        budget source's diagnostics (controller: :meth:`BudgetController.stats` prefixed; length policy:
+        ``budget_tier_<short|medium|long>_rounds`` / ``_tokens``, request-rounds and tokens emitted by length tier),
+        ``budget_counters`` (which ``budget_*`` keys are cumulative), ``num_speculative_tokens``, ``history_problems``,
         ``history_appearances``, ``history_sequences``, ``history_tokens``, ``history_bytes`` (approximate),
         ``history_evicted_appearances``, ``active_requests``, ``calibration_tokens`` (verified draft tokens the drafter's
         acceptance calibration learned from) and ``source_<name>`` (drafts won by each source).
         """
+        controlled = self.budget_source == "controller"
         out: dict[str, Any] = {"attached": self.attached, "num_speculative_tokens": self.num_speculative_tokens,
-                               "policy_mode": self.policy.config.mode}
+                               "policy_mode": "controller" if controlled else self.policy.config.mode,
+                               "budget_source": self.budget_source}
         out.update(self._counters)
+        # The budget source's diagnostics, by prefix; `budget_counters` names the cumulative ones (the trainer logs
+        # their per-step differences and the rest as they are).
+        if controlled:
+            ctl = self.controller.stats()
+            out.update({f"budget_{k}": v for k, v in ctl.items()})
+            out["budget_counters"] = [f"budget_{k}" for k in BudgetController.COUNTERS]
+        else:
+            out["budget_counters"] = [k for k in self._counters if k.startswith("budget_")]
         d = self.drafter.stats()
         out.update(
             history_problems=d["problems"],
@@ -307,3 +409,4 @@ class DASProposer:
         """Zero the proposer's counters (history is kept)."""
         for key in self._counters:
             self._counters[key] = 0.0 if key == "speculation_seconds" else 0
+        self.controller.reset_counters()
