@@ -34,8 +34,11 @@ def test_controller_is_the_default_and_its_budgets_cut_the_drafts(rng, monkeypat
     _round(worker, prompts, texts, rows)
     seen = {}
 
-    def fixed_budgets(accept, problem_keys, output_len, num_rounds=None, max_output=None):
+    real = proposer.controller.budgets
+
+    def fixed_budgets(accept, problem_keys, output_len, num_rounds=None, *args):
         seen.update(accept=accept.copy(), output_len=np.asarray(output_len).copy(), rounds=np.asarray(num_rounds))
+        real(accept, problem_keys, output_len, num_rounds, *args)
         return np.array([3, 0], np.int32)
 
     monkeypatch.setattr(proposer.controller, "budgets", fixed_budgets)

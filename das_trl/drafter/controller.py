@@ -30,15 +30,22 @@ verifies ``1 + d`` tokens and emits at most that many); it only shortens ``R``. 
   history lengths conditional on exceeding the tokens generated so far (mixed with the pooled lengths of all
   problems with weight ``pooled_weight`` pseudo-samples; problems without history use the pooled lengths only;
   past every observed length, an exponential tail of mean ``extrapolation_fraction * generated`` tokens, at least
-  ``min_remaining``), jittered by ``exp(length_jitter * z)`` and capped at the request's ``max_output``. Dividing
-  by the row's observed tokens per round gives rounds to finish; ``P_i`` is how often row ``i`` is the maximum.
-  The estimate is shrunk towards "anyone could be last": ``P_i <- (1 - w) P_i + w / n`` with ``w =
-  tail_prior_weight``, because a window of a few samples of a drifting policy cannot rule a request out for sure.
-  The same samples give the probability that draft position ``j`` lies before the request's end
-  (:func:`survival`); ``a`` is multiplied by it, so a request about to finish does not draft past its end.
+  ``min_remaining``), jittered by a log-uniform factor of standard deviation ``length_jitter`` and capped at the
+  request's ``max_output``. Dividing by the row's observed tokens per round gives rounds to finish, and ``P_i`` is
+  the probability that row ``i`` needs the most, computed from the per-row sample histograms (exact products of
+  the other rows' distribution functions, not a count of sample maxima, so a 1 % chance is not rounded to 0; rows
+  cut at the same ``max_tokens`` tie and share). The estimate is shrunk towards "anyone could be last":
+  ``P_i <- (1 - w) P_i + w / n`` with ``w = tail_prior_weight``, because a window of a few samples of a drifting
+  policy cannot rule a request out (replays: with ``w = 0`` the tail grew by up to 25 %).
+- **What the estimates are worth.** ``a`` is multiplied by the probability that position ``j`` lies before the
+  request's end (:func:`survival`, from the same samples), and by the controller's own record of how its kept
+  drafts fared, overall (:meth:`BudgetController.observe_acceptance`) and per request (``row_expected`` /
+  ``row_accepted``): it keeps the tokens with the highest estimates, so the drafter's calibration is optimistic
+  about exactly those, and a hard request's drafts are accepted less often than their cells say.
 - **Caps.** Row ``i`` never keeps more than the drafter produced (its hard cap: ``num_speculative_tokens`` and the
   model length, applied before drafting). ``step_token_cap > 0`` caps the step's total kept draft tokens: the
   tokens with the smallest marginal gain ``a[j] * V_i - c_tok`` are dropped first (:func:`apply_step_cap`).
+  ``draft_margin > 0`` charges each draft token ``(1 + draft_margin) * c_tok`` in the decision (off by default).
 
 Adapting. Large batches with uncertain tails spread ``P`` thin and keep only high-acceptance tokens; as the batch
 drains, ``P`` concentrates on the remaining long requests, which draft nearly everything; a higher ``c_tok`` or a
@@ -46,9 +53,18 @@ lower acceptance shortens every draft. The cost model comes from :class:`Control
 ``cost_source="online"``, from the engine's own step timings once that fit is trustworthy
 (:class:`~das_trl.drafter.cost_model.OnlineCostFit`).
 
+Limits (measured by replay, docs/benchmarks.md). The rule is myopic: ``P`` is computed under the rows' past speed,
+not under the plan, and it ignores that drafting with low acceptance makes a row's progress random, which raises
+the expected maximum of many tied rows (several dozen requests cut at ``max_tokens``); there the controller can
+spend slightly more than it saves (up to ~1-2 % of the batch time on the frozen T = 0.6 / 1.0 sets at expensive
+verification). A planned alternative (balancing all rows to a common makespan with this round's acceptance
+profile) was worse on every set: a row without a draft this round looked unable to speed up at all.
+
 Shapes and dtypes of :meth:`BudgetController.budgets`: ``accept float64 [n, K]``, ``problem_keys int64 [n]``,
-``output_len int [n]`` (tokens generated so far), optional ``num_rounds int [n]`` (verification rounds so far) and
-``max_output int [n]`` (the request's ``max_tokens``); returns ``int32 [n]``.
+``output_len int [n]`` (tokens generated so far), optional ``num_rounds int [n]`` (verification rounds so far),
+``max_output int [n]`` (the request's ``max_tokens``), ``row_expected`` / ``row_accepted float64 [n]`` (the
+controller's estimates and the accepted tokens summed over the request's verified drafts); returns ``int32 [n]``.
+Cost: about 1-1.5 ms per call at 256 rows on this loaded 2-core machine (``das-trl bench controller-speed``).
 
 numpy and the standard library only.
 """
@@ -79,12 +95,19 @@ class ControllerConfig:
             :class:`~das_trl.drafter.cost_model.OnlineCostFit` trusts its fit; the config values until then).
         tail_prior_weight: ``w`` in ``P <- (1 - w) P + w / n`` (0: trust the Monte Carlo fully; 1: every request is
             equally likely to finish last).
+        draft_margin: each draft token is charged ``(1 + draft_margin) * c_tok`` in the decision (0: the cost model
+            as it is; > 0 drafts only where the gain clears the cost by that margin).
         num_samples: Monte Carlo samples per row and step.
         pooled_weight: pseudo-samples of the pooled (all problems) lengths mixed into a problem's own.
-        length_jitter: log-normal jitter (sigma) on sampled remaining lengths (finite history; breaks ties).
+        length_jitter: log-uniform jitter (standard deviation in log space) on sampled remaining lengths (finite
+            history; breaks ties).
         extrapolation_fraction / min_remaining: a request past every observed length is given an exponential
             remaining length of mean ``max(min_remaining, extrapolation_fraction * generated)``.
         history_lengths: completion lengths kept per problem.
+        acceptance_pseudocount / acceptance_decay: the controller's own acceptance correction (see
+            :meth:`BudgetController.observe_acceptance`): pseudo-tokens at ratio 1, and the factor applied to the
+            running sums at every observation (per verified draft).
+        row_acceptance_pseudocount: pseudo-tokens (at the overall ratio) in a request's own acceptance correction.
         step_token_cap: cap of kept draft tokens per engine step (0 = none).
         seed: seed of the Monte Carlo generator (replays are deterministic).
         fit_window / fit_min_steps / fit_min_r2: :class:`~das_trl.drafter.cost_model.OnlineCostFit` settings.
@@ -94,12 +117,16 @@ class ControllerConfig:
     c_tok_ms: float = 0.025
     cost_source: str = "online"
     tail_prior_weight: float = 0.25
-    num_samples: int = 64
+    draft_margin: float = 0.0
+    num_samples: int = 32
     pooled_weight: float = 1.0
     length_jitter: float = 0.1
     extrapolation_fraction: float = 0.25
     min_remaining: int = 16
     history_lengths: int = 64
+    acceptance_pseudocount: float = 32.0
+    acceptance_decay: float = 0.999
+    row_acceptance_pseudocount: float = 8.0
     step_token_cap: int = 0
     seed: int = 0
     fit_window: int = 256
@@ -121,6 +148,12 @@ class ControllerConfig:
              f"step_token_cap must be an int >= 0, got {self.step_token_cap!r}")
         need(0.0 <= self.tail_prior_weight <= 1.0, f"tail_prior_weight must be in [0, 1], got {self.tail_prior_weight}")
         need(self.pooled_weight >= 0.0, f"pooled_weight must be >= 0, got {self.pooled_weight}")
+        need(self.acceptance_pseudocount > 0.0,
+             f"acceptance_pseudocount must be > 0, got {self.acceptance_pseudocount}")
+        need(0.0 < self.acceptance_decay <= 1.0, f"acceptance_decay must be in (0, 1], got {self.acceptance_decay}")
+        need(self.row_acceptance_pseudocount > 0.0,
+             f"row_acceptance_pseudocount must be > 0, got {self.row_acceptance_pseudocount}")
+        need(self.draft_margin >= 0.0, f"draft_margin must be >= 0, got {self.draft_margin}")
         need(self.length_jitter >= 0.0, f"length_jitter must be >= 0, got {self.length_jitter}")
         need(self.extrapolation_fraction > 0.0,
              f"extrapolation_fraction must be > 0, got {self.extrapolation_fraction}")
@@ -156,7 +189,7 @@ def remaining_samples(table: np.ndarray, counts: np.ndarray, pooled: np.ndarray,
     n, w = table.shape
     g = np.asarray(generated, dtype=np.float64).reshape(n, 1)
     s = int(num_samples)
-    u = rng.random((n, s))
+    u, v, e, j = rng.random((4, n, s))  # one generator call: index, mixture, tail and jitter draws
     # The problem's own lengths above g are its last `above` columns (sorted ascending, padding first).
     above = (table > g).sum(axis=1, keepdims=True)
     own = np.take_along_axis(table, np.clip(w - above + (u * above).astype(np.int64), 0, w - 1), axis=1)
@@ -168,13 +201,15 @@ def remaining_samples(table: np.ndarray, counts: np.ndarray, pooled: np.ndarray,
         above_pool = np.zeros((n, 1), np.int64)
         pool = np.zeros((n, s))
     scale = np.maximum(float(min_remaining), extrapolation_fraction * g)
-    extra = g + scale * rng.exponential(1.0, (n, s))
+    extra = g - scale * np.log1p(-e)  # exponential tail past every observed length
     # Mixture: own lengths with weight `above`, pooled ones with `pooled_weight` pseudo-samples.
-    p_pool = np.where(above_pool > 0, pooled_weight / (above + pooled_weight), 0.0)
-    use_pool = (rng.random((n, s)) < p_pool) | ((above == 0) & (above_pool > 0))
+    p_pool = np.where(above_pool > 0, pooled_weight / np.maximum(above + pooled_weight, 1e-12), 0.0)
+    use_pool = (v < p_pool) | ((above == 0) & (above_pool > 0))
     total = np.where(use_pool, pool, np.where(above > 0, own, extra))
     total = np.where(total > g, total, extra)  # a pooled draw can only be chosen above g; guard anyway
-    rem = (total - g) * (np.exp(jitter * rng.standard_normal((n, s))) if jitter > 0 else 1.0)
+    rem = total - g
+    if jitter > 0:  # log-uniform with standard deviation `jitter` in log space
+        rem *= np.exp(jitter * math.sqrt(3.0) * (2.0 * j - 1.0))
     rem = np.maximum(rem, 1.0)
     if max_remaining is not None:
         cap = np.maximum(np.asarray(max_remaining, dtype=np.float64).reshape(n, 1), 1.0)
@@ -182,20 +217,41 @@ def remaining_samples(table: np.ndarray, counts: np.ndarray, pooled: np.ndarray,
     return rem
 
 
-def tail_probability(rounds: np.ndarray) -> tuple[np.ndarray, float]:
-    """How often each row needs the most rounds.
+def tail_probability(rounds: np.ndarray, bins: int = 64) -> tuple[np.ndarray, float]:
+    """Probability that each row needs the most rounds, from sampled rounds to finish.
+
+    Counting how often each row is the sample maximum resolves nothing below ``1 / S`` (a row never the maximum
+    in 64 samples would get exactly 0, and at cheap verification a 1 % chance of being last is worth drafting for).
+    Instead each row's samples give its distribution over ``bins`` log-spaced bins, and
+    ``P_i = sum_g pmf_i(g) * prod_{j != i} mid_j(g)`` with ``mid_j(g) = P(R_j < g) + pmf_j(g) / 2`` (a row in the
+    same bin is below with probability one half), in O(n bins); the result is normalised to sum to 1.
 
     Args:
-        rounds: ``float64 [n, S]`` sampled rounds to finish per row (n >= 1).
+        rounds: ``float64 [n, S]`` sampled rounds to finish per row (n >= 1, values >= 0).
+        bins: grid size.
 
     Returns:
-        ``(P, makespan)``: ``float64 [n]`` share of samples in which row ``i`` is the maximum (sums to 1), and the
-        expected maximum (rounds until the last request finishes).
+        ``(P, makespan)``: ``float64 [n]``, and the expected maximum over the samples (rounds until the last request
+        finishes). Rows cut at the same ``max_tokens`` tie and share ``P`` equally.
     """
     n, s = rounds.shape
-    last = rounds.argmax(axis=0)
-    p = np.bincount(last, minlength=n).astype(np.float64) / s
-    return p, float(rounds.max(axis=0).mean())
+    makespan = float(rounds.max(axis=0).mean())
+    if n == 1:
+        return np.ones(1), makespan
+    x = np.log1p(np.maximum(rounds, 0.0))
+    top = float(x.max())
+    b = np.zeros(x.shape, np.int64) if top <= 0 else np.minimum((x * (bins / top)).astype(np.int64), bins - 1)
+    pmf = np.bincount((np.arange(n)[:, None] * bins + b).ravel(), minlength=n * bins).reshape(n, bins) / s
+    mid = np.cumsum(pmf, axis=1) - 0.5 * pmf
+    zero = mid <= 0.0
+    logmid = np.log(np.where(zero, 1.0, mid))
+    total = logmid.sum(axis=0)  # [bins]: log prod over the rows with mid > 0
+    zeros = zero.sum(axis=0)    # [bins]: rows with mid == 0 (a row's own sample bins always have mid > 0)
+    # sum_g pmf_i(g) f(g) is the mean of f over row i's own samples: evaluate the product at their bins only.
+    others = np.where(zeros[b] == 0, np.exp(total[b] - np.take_along_axis(logmid, b, axis=1)), 0.0)
+    p = others.mean(axis=1)
+    tot = p.sum()
+    return (p / tot if tot > 0 else np.full(n, 1.0 / n)), makespan
 
 
 def survival(remaining: np.ndarray, k: int) -> np.ndarray:
@@ -211,8 +267,8 @@ def survival(remaining: np.ndarray, k: int) -> np.ndarray:
     return 1.0 - np.cumsum(hist, axis=1)[:, 1:k + 1] / s
 
 
-def optimal_draft_lengths(accept: np.ndarray, weight_ms: np.ndarray, c_tok_ms: float) -> tuple[np.ndarray,
-                                                                                                 np.ndarray]:
+def optimal_draft_lengths(accept: np.ndarray, weight_ms: np.ndarray, c_tok_ms: float,
+                          draft_margin: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """Per row, the draft length minimising the cost per token of progress (see the module docstring).
 
     Args:
@@ -229,7 +285,7 @@ def optimal_draft_lengths(accept: np.ndarray, weight_ms: np.ndarray, c_tok_ms: f
     tau[:, 0] = 1.0
     np.cumsum(accept, axis=1, out=tau[:, 1:])
     tau[:, 1:] += 1.0
-    per_round = weight_ms[:, None] + c_tok_ms * (1.0 + np.arange(k + 1, dtype=np.float64))[None, :]
+    per_round = weight_ms[:, None] + c_tok_ms * (1.0 + (1.0 + draft_margin) * np.arange(k + 1, dtype=np.float64))[None, :]
     ratio = per_round / tau
     # Ties (e.g. acceptance exactly 1 with nothing to gain) go to the shorter draft, whatever the rounding.
     d = (ratio * (1.0 + 1e-9 * np.arange(k + 1))[None, :]).argmin(axis=1)
@@ -275,6 +331,9 @@ class BudgetController:
         self.rng = np.random.default_rng(cfg.seed)
         self.fit = OnlineCostFit(cfg.fit_window, cfg.fit_min_steps, cfg.fit_min_r2)
         self._config_cost = CostModel(cfg.c_base_ms, cfg.c_tok_ms)
+        self._acc_expected = 0.0
+        self._acc_accepted = 0.0
+        self.last_expected_kept = np.zeros(0)
         self.last_tail_prob = np.zeros(0)
         self.last_expected_remaining = np.zeros(0)
         self.last_expected_makespan = 0.0
@@ -290,6 +349,26 @@ class BudgetController:
         """One engine step's tokens and duration (ms), for ``cost_source="online"``."""
         self.fit.add(tokens, ms)
 
+    def observe_acceptance(self, expected: float, accepted: int) -> None:
+        """How a kept draft fared: ``expected`` = its entry of :attr:`last_expected_kept` (the estimates of the
+        tokens kept, end-of-request survival included), ``accepted`` = tokens verification accepted.
+
+        The controller keeps the tokens with the highest estimates, so the drafter's calibration (which learns from
+        every verified token) is optimistic about exactly those (measured: 45 % estimated, 26 % accepted on the
+        T = 1.0 frozen set at c_tok = 0.1). ``acceptance_ratio = (accepted + s) / (expected + s)`` over a decaying
+        window (``acceptance_decay`` per observation, ``s = acceptance_pseudocount``) scales the estimates the
+        controller decides on."""
+        d = self.config.acceptance_decay
+        self._acc_expected = d * self._acc_expected + max(float(expected), 0.0)
+        self._acc_accepted = d * self._acc_accepted + max(float(accepted), 0.0)
+
+    @property
+    def acceptance_ratio(self) -> float:
+        """Observed / expected accepted tokens of kept drafts (1.0 before any observation; see
+        :meth:`observe_acceptance`)."""
+        s = self.config.acceptance_pseudocount
+        return (self._acc_accepted + s) / (self._acc_expected + s)
+
     @property
     def cost(self) -> CostModel:
         """The cost model in use: the online fit when ``cost_source="online"`` and the fit is trusted, else the
@@ -302,7 +381,8 @@ class BudgetController:
 
     # ------------------------------------------------------------------ per step
     def budgets(self, accept: np.ndarray, problem_keys: np.ndarray, output_len: np.ndarray,
-                num_rounds: np.ndarray | None = None, max_output: np.ndarray | None = None) -> np.ndarray:
+                num_rounds: np.ndarray | None = None, max_output: np.ndarray | None = None,
+                row_expected: np.ndarray | None = None, row_accepted: np.ndarray | None = None) -> np.ndarray:
         """Draft tokens to keep per row this step.
 
         Args:
@@ -313,6 +393,8 @@ class BudgetController:
             num_rounds: ``int [n]`` verification rounds each request had so far (``None``: assume 1 token per
                 round when estimating rounds to finish).
             max_output: ``int [n]`` each request's maximum output tokens (``None``: no cap).
+            row_expected / row_accepted: ``float64 [n]`` per request, :attr:`last_expected_kept` and the accepted
+                tokens summed over its verified drafts (``None``: the overall correction only).
 
         Returns:
             ``int32 [n]`` budgets, ``0 <= budget[i] <= `` row ``i``'s draft length, total ``<= step_token_cap``
@@ -327,9 +409,10 @@ class BudgetController:
         n, k = accept.shape
         keys = np.asarray(problem_keys, dtype=np.int64).reshape(-1)
         out_len = np.asarray(output_len, dtype=np.float64).reshape(-1)
-        for name, arr in (("problem_keys", keys), ("output_len", out_len)) + (
-                (("num_rounds", np.asarray(num_rounds).reshape(-1)),) if num_rounds is not None else ()) + (
-                (("max_output", np.asarray(max_output).reshape(-1)),) if max_output is not None else ()):
+        optional = {"num_rounds": num_rounds, "max_output": max_output, "row_expected": row_expected,
+                    "row_accepted": row_accepted}
+        for name, arr in [("problem_keys", keys), ("output_len", out_len)] + [
+                (name, np.asarray(v).reshape(-1)) for name, v in optional.items() if v is not None]:
             if arr.shape != (n,):
                 raise ValueError(f"BudgetController.budgets: {name} must have shape ({n},) like accept's rows, got "
                                  f"{arr.shape}")
@@ -349,10 +432,19 @@ class BudgetController:
         else:
             r = np.asarray(num_rounds, dtype=np.float64)
             tau_obs = np.maximum(1.0, (out_len + _TAU_PSEUDO_ROUNDS) / (r + _TAU_PSEUDO_ROUNDS))
+        # A draft token past the request's end is verified for nothing; the controller's own record of how its kept
+        # tokens fared corrects the estimates it selects on (see observe_acceptance).
+        survival_k = survival(rem, k)
+        ratio = self.acceptance_ratio
+        if row_expected is not None and row_accepted is not None:
+            # Per request: a hard request's drafts are accepted less often than its estimates say.
+            s_row = cfg.row_acceptance_pseudocount
+            ratio = ((np.asarray(row_accepted, dtype=np.float64) + s_row * ratio)
+                     / (np.asarray(row_expected, dtype=np.float64) + s_row))[:, None]
+        useful = np.minimum(accept * survival_k * ratio, 1.0)
         p, makespan = tail_probability(rem / tau_obs[:, None])
         p = (1.0 - cfg.tail_prior_weight) * p + cfg.tail_prior_weight / n
-        useful = accept * survival(rem, k)  # a draft token past the request's end is verified for nothing
-        lengths, value = optimal_draft_lengths(useful, cost.c_base_ms * p, cost.c_tok_ms)
+        lengths, value = optimal_draft_lengths(useful, cost.c_base_ms * p, cost.c_tok_ms, cfg.draft_margin)
         capped = apply_step_cap(useful, lengths, value, cost.c_tok_ms, cfg.step_token_cap)
         c = self._counters
         c["steps"] += 1
@@ -360,7 +452,9 @@ class BudgetController:
         c["rows_drafting"] += int((capped > 0).sum())
         c["offered_tokens"] += int((accept > 0).sum())
         c["kept_tokens"] += int(capped.sum())
-        c["expected_accepted"] += float(accept[np.arange(k)[None, :] < capped[:, None]].sum())
+        kept_mask = np.arange(k)[None, :] < capped[:, None]
+        self.last_expected_kept = np.where(kept_mask, accept * survival_k, 0.0).sum(axis=1)
+        c["expected_accepted"] += float(self.last_expected_kept.sum())
         c["tail_rows"] += int((p >= 0.5).sum())
         c["capped_steps"] += int(capped.sum() < lengths.sum())
         self.last_tail_prob = p
@@ -394,6 +488,7 @@ class BudgetController:
                    cost_online=int(cost is not self._config_cost), fit_steps=fit["steps"],
                    fit_c_base_ms=_finite(fit["c_base_ms"]), fit_c_tok_ms=_finite(fit["c_tok_ms"]),
                    fit_r2=_finite(fit["r2"]), expected_makespan_rounds=self.last_expected_makespan,
+                   acceptance_ratio=self.acceptance_ratio,
                    problems=len(self.lengths))
         return out
 

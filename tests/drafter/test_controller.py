@@ -129,11 +129,23 @@ def test_optimal_lengths_minimise_the_cost_per_token_and_meet_the_first_order_ru
     assert (d[weight == 0.0] == 0).all()  # nobody waits on it: drafting cannot pay
 
 
-def test_tail_probability_counts_the_maximum():
-    rounds = np.array([[1.0, 5.0, 2.0, 9.0], [3.0, 1.0, 4.0, 1.0], [2.0, 2.0, 8.0, 1.0]])
+def test_tail_probability_matches_the_maximum_frequency_and_splits_ties():
+    rng = np.random.default_rng(0)
+    rounds = rng.exponential(1.0, (5, 20000)) * np.arange(1, 6)[:, None] * 10.0
     p, makespan = tail_probability(rounds)
-    assert p.tolist() == [0.5, 0.25, 0.25]
-    assert makespan == (3 + 5 + 8 + 9) / 4
+    counted = np.bincount(rounds.argmax(axis=0), minlength=5) / rounds.shape[1]
+    assert np.abs(p - counted).max() < 0.01 and p.sum() == pytest.approx(1.0)
+    assert makespan == pytest.approx(rounds.max(axis=0).mean())
+    # Small probabilities are resolved, not rounded to 0 as sample counting would with 64 samples.
+    # Row 1 runs long in one sample of 64, a sample in which row 0 ran longer still: never the maximum there.
+    few = np.vstack([np.full(64, 100.0) + rng.normal(0, 1, 64), np.full(64, 50.0)])
+    few[0, 7], few[1, 7] = 103.0, 101.5
+    assert (few.argmax(axis=0) == 0).all()
+    p_few, _ = tail_probability(few)
+    assert 0.0 < p_few[1] < 0.05
+    # Requests cut at the same max_tokens tie exactly: they share the tail.
+    assert tail_probability(np.full((4, 64), 256.0))[0] == pytest.approx([0.25] * 4)
+    assert tail_probability(np.ones((1, 8)))[0].tolist() == [1.0]
 
 
 def test_remaining_samples_condition_on_progress_and_fall_back():
@@ -207,3 +219,25 @@ def test_controller_uses_the_online_fit_once_trusted():
     for t in range(10, 200, 10):
         fixed.observe_step(t, 2.0 + 0.5 * t)
     assert fixed.cost == CostModel(7.0, 0.025) and fixed.stats()["cost_online"] == 0
+
+
+def test_acceptance_record_corrects_the_estimates_it_selects_on():
+    def make():
+        ctl = BudgetController(ControllerConfig(cost_source="config", c_tok_ms=0.1))
+        for key in range(4):
+            ctl.observe(key, [300] * 8)
+        return ctl
+
+    keys, gen, rounds = np.arange(4), np.full(4, 50), np.full(4, 40)
+    acc = _accept(4, 0.7, 0.9)
+    trusting = make().budgets(acc, keys, gen, rounds)
+    burnt = make()
+    for _ in range(50):
+        burnt.observe_acceptance(4.0, 1)  # its kept drafts were accepted a quarter as often as estimated
+    assert burnt.acceptance_ratio == pytest.approx((50 + 32) / (200 + 32), rel=0.05)
+    assert burnt.budgets(acc, keys, gen, rounds).sum() < trusting.sum()
+    # Per request: two identical rows, one whose drafts have been rejected far more than estimated.
+    ctl = make()
+    out = ctl.budgets(acc, keys, gen, rounds, row_expected=np.array([0.0, 40.0, 0.0, 0.0]),
+                      row_accepted=np.array([0.0, 4.0, 0.0, 0.0]))
+    assert out[1] < out[0], out
