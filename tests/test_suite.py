@@ -61,3 +61,19 @@ def test_recosting_equals_a_replay_under_that_cost_model(sets):
     cheap = simulate(make_drafter("suffix"), train, evals, 7.0, 0.025)
     dear = simulate(make_drafter("suffix"), train, evals, 5.0, 0.1)
     assert cheap.time_at(5.0, 0.1) == pytest.approx(dear.sim_time_ms)
+
+
+def test_cache_reuses_cost_independent_results(sets, tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    args = ["--sets", str(sets / "synthetic.jsonl"), "--drafters", "none,suffix,das+controller", "--cache", str(cache),
+            "--json", str(tmp_path / "a.json")]
+    assert suite.main(args) == 0
+    assert sorted(p.name.split("-")[2] for p in cache.glob("*.json")) == ["none", "suffix"]
+    calls = []
+    real = suite.simulate
+    monkeypatch.setattr(suite, "simulate", lambda d, *a, **k: calls.append(d.name) or real(d, *a, **k))
+    assert suite.main(args[:-1] + [str(tmp_path / "b.json")]) == 0
+    assert calls == ["das+controller"]  # none and suffix came from the cache
+    a, b = (json.loads((tmp_path / f).read_text())["points"][0]["by_c_tok"]["0.025"]["ratios"] for f in
+            ("a.json", "b.json"))
+    assert a["suffix"]["time_ms"] == b["suffix"]["time_ms"] and a["none"]["tail"] == b["none"]["tail"]

@@ -242,7 +242,6 @@ class DASControllerDrafter(DASReplayDrafter):
         self.controller = BudgetController(controller)
         self.max_output: int | None = None
         self._expected: dict[str, float] = {}  # request -> the controller's estimate for its kept draft
-        self._tally: dict[str, tuple[float, int]] = {}  # request -> (expected, accepted) over its kept drafts
 
     def prepare(self, train_epochs):
         super().prepare(train_epochs)
@@ -266,10 +265,7 @@ class DASControllerDrafter(DASReplayDrafter):
         out_len = np.fromiter((pos for _, _, pos, _ in running), np.int64, n)
         rounds = np.fromiter((r for _, _, _, r in running), np.int64, n)
         max_out = None if self.max_output is None else np.full(n, self.max_output)
-        tallies = [self._tally.get(rid, (0.0, 0)) for rid in rids]
-        row_exp = np.fromiter((e for e, _ in tallies), np.float64, n)
-        row_acc = np.fromiter((a for _, a in tallies), np.float64, n)
-        batch.truncate(self.controller.budgets(batch.accept, keys, out_len, rounds, max_out, row_exp, row_acc))
+        batch.truncate(self.controller.budgets(batch.accept, keys, out_len, rounds, max_out))
         self._expected.update(zip(rids, self.controller.last_expected_kept.tolist()))
         return batch.as_lists()
 
@@ -278,8 +274,6 @@ class DASControllerDrafter(DASReplayDrafter):
         expected = self._expected.pop(rid, 0.0)
         if drafted:
             self.controller.observe_acceptance(expected, accepted)
-            e, a = self._tally.get(rid, (0.0, 0))
-            self._tally[rid] = (e + expected, a + accepted)
 
 
 def make_drafter(name: str, ngram=(5, 5, 8), policy_config: LengthPolicyConfig | None = None,

@@ -26,15 +26,17 @@ CLI::
 
     das-trl bench suite --sets benchmarks/sets ../shared/realdata [--c-tok 0.005 0.025 0.1] [--c-base 7]
         [--drafters none,ngram,suffix,das+siblings,das+policy,das+controller] [--json OUT] [--plots DIR]
+        [--cache DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -92,9 +94,21 @@ class Point:
     results: dict[float, list[ReplayResult]] = field(default_factory=dict)  # c_tok -> results in drafter order
 
 
+def _cache_file(cache: Path, path: Path, eval_epoch: int, drafter: str, das_overrides: dict, warmup: bool) -> Path:
+    """Where a cost-independent drafter's result for this file (by path, size and modification time), appearance and
+    settings is kept."""
+    st = path.stat()
+    key = json.dumps([str(path.resolve()), st.st_size, st.st_mtime_ns, eval_epoch, drafter, das_overrides, warmup],
+                     sort_keys=True)
+    return cache / f"{set_name(path)}-{eval_epoch}-{drafter}-{hashlib.sha1(key.encode()).hexdigest()[:12]}.json"
+
+
 def run_point(path: Path, epochs: dict, eval_epoch: int, drafters: Sequence[str], c_base: float,
-              c_toks: Sequence[float], das_overrides: dict, controller_overrides: dict, warmup: bool = True) -> Point:
-    """Replay one appearance of one file with every drafter under every cost model."""
+              c_toks: Sequence[float], das_overrides: dict, controller_overrides: dict, warmup: bool = True,
+              cache: Path | None = None) -> Point:
+    """Replay one appearance of one file with every drafter under every cost model. With ``cache``, results of
+    cost-independent drafters are read from / written to that folder (they depend only on the data, the drafter
+    and its settings; the drafter time they carry is from the run that wrote them)."""
     train, evals, tr, ev = split_epochs(epochs, None, eval_epoch)
     point = Point(set_name(path) + ("" if eval_epoch == max(epochs) else f"@{eval_epoch}"), str(path), ev, tr,
                   len(evals), len({r.problem_key for r in evals}), sum(len(r.completion_ids) for r in evals))
@@ -102,6 +116,10 @@ def run_point(path: Path, epochs: dict, eval_epoch: int, drafters: Sequence[str]
     for c_tok in c_toks:
         row = []
         for name in drafters:
+            cached = None if cache is None or name in COST_AWARE else _cache_file(cache, path, ev, name, das_overrides,
+                                                                                 warmup)
+            if name not in COST_AWARE and name not in fixed and cached is not None and cached.exists():
+                fixed[name] = ReplayResult(**json.loads(cached.read_text()))
             if name in COST_AWARE or name not in fixed:
                 pc = LengthPolicyConfig(c_base_ms=c_base, c_tok_ms=c_tok)
                 res = simulate(make_drafter(name, policy_config=pc, das_overrides=das_overrides,
@@ -109,6 +127,9 @@ def run_point(path: Path, epochs: dict, eval_epoch: int, drafters: Sequence[str]
                                train, evals, c_base, c_tok, warmup=warmup)
                 if name not in COST_AWARE:
                     fixed[name] = res
+                    if cached is not None:
+                        cached.parent.mkdir(parents=True, exist_ok=True)
+                        cached.write_text(json.dumps(asdict(res)))
             else:
                 res = fixed[name]
             row.append(res)
@@ -235,6 +256,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--das-config", default=None, help="JSON of DrafterConfig overrides for every DAS variant")
     p.add_argument("--controller", default=None, help="JSON of ControllerConfig overrides for das+controller")
     p.add_argument("--no-warmup", action="store_true", help="see das-trl bench replay --no-warmup")
+    p.add_argument("--cache", default=None, help="folder for results of the cost-independent drafters (reused when "
+                                                 "the same file, appearance and settings are replayed again)")
     p.add_argument("--json", default=None, help="write every result to this JSON file")
     p.add_argument("--plots", default=None, help="write one PNG per replay point and cost model into this folder")
     return p.parse_args(argv)
@@ -257,7 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for ev in evals:
             t0 = time.perf_counter()
             point = run_point(path, epochs, ev, drafters, args.c_base, args.c_tok, das_ov, ctl_ov,
-                              not args.no_warmup)
+                              not args.no_warmup, Path(args.cache) if args.cache else None)
             points.append(point)
             for c_tok in args.c_tok:
                 print(format_point(point, args.c_base, c_tok))

@@ -39,9 +39,8 @@ verifies ``1 + d`` tokens and emits at most that many); it only shortens ``R``. 
   policy cannot rule a request out (replays: with ``w = 0`` the tail grew by up to 25 %).
 - **What the estimates are worth.** ``a`` is multiplied by the probability that position ``j`` lies before the
   request's end (:func:`survival`, from the same samples), and by the controller's own record of how its kept
-  drafts fared, overall (:meth:`BudgetController.observe_acceptance`) and per request (``row_expected`` /
-  ``row_accepted``): it keeps the tokens with the highest estimates, so the drafter's calibration is optimistic
-  about exactly those, and a hard request's drafts are accepted less often than their cells say.
+  drafts fared (:attr:`BudgetController.acceptance_ratio`, bounded and fading): it keeps the tokens with the
+  highest estimates, so the drafter's calibration is optimistic about exactly those.
 - **Caps.** Row ``i`` never keeps more than the drafter produced (its hard cap: ``num_speculative_tokens`` and the
   model length, applied before drafting). ``step_token_cap > 0`` caps the step's total kept draft tokens: the
   tokens with the smallest marginal gain ``a[j] * V_i - c_tok`` are dropped first (:func:`apply_step_cap`).
@@ -62,8 +61,7 @@ profile) was worse on every set: a row without a draft this round looked unable 
 
 Shapes and dtypes of :meth:`BudgetController.budgets`: ``accept float64 [n, K]``, ``problem_keys int64 [n]``,
 ``output_len int [n]`` (tokens generated so far), optional ``num_rounds int [n]`` (verification rounds so far),
-``max_output int [n]`` (the request's ``max_tokens``), ``row_expected`` / ``row_accepted float64 [n]`` (the
-controller's estimates and the accepted tokens summed over the request's verified drafts); returns ``int32 [n]``.
+``max_output int [n]`` (the request's ``max_tokens``); returns ``int32 [n]``.
 Cost: about 1-1.5 ms per call at 256 rows on this loaded 2-core machine (``das-trl bench controller-speed``).
 
 numpy and the standard library only.
@@ -104,10 +102,9 @@ class ControllerConfig:
         extrapolation_fraction / min_remaining: a request past every observed length is given an exponential
             remaining length of mean ``max(min_remaining, extrapolation_fraction * generated)``.
         history_lengths: completion lengths kept per problem.
-        acceptance_pseudocount / acceptance_decay: the controller's own acceptance correction (see
-            :meth:`BudgetController.observe_acceptance`): pseudo-tokens at ratio 1, and the factor applied to the
-            running sums at every observation (per verified draft).
-        row_acceptance_pseudocount: pseudo-tokens (at the overall ratio) in a request's own acceptance correction.
+        acceptance_pseudocount / acceptance_decay / acceptance_ratio_floor: the controller's own acceptance
+            correction (:attr:`BudgetController.acceptance_ratio`): pseudo-tokens at ratio 1, the factor applied to
+            its sums at every step, and the bounds of the ratio.
         step_token_cap: cap of kept draft tokens per engine step (0 = none).
         seed: seed of the Monte Carlo generator (replays are deterministic).
         fit_window / fit_min_steps / fit_min_r2: :class:`~das_trl.drafter.cost_model.OnlineCostFit` settings.
@@ -125,8 +122,8 @@ class ControllerConfig:
     min_remaining: int = 16
     history_lengths: int = 64
     acceptance_pseudocount: float = 32.0
-    acceptance_decay: float = 0.999
-    row_acceptance_pseudocount: float = 8.0
+    acceptance_decay: float = 0.98
+    acceptance_ratio_floor: float = 0.5
     step_token_cap: int = 0
     seed: int = 0
     fit_window: int = 256
@@ -151,8 +148,8 @@ class ControllerConfig:
         need(self.acceptance_pseudocount > 0.0,
              f"acceptance_pseudocount must be > 0, got {self.acceptance_pseudocount}")
         need(0.0 < self.acceptance_decay <= 1.0, f"acceptance_decay must be in (0, 1], got {self.acceptance_decay}")
-        need(self.row_acceptance_pseudocount > 0.0,
-             f"row_acceptance_pseudocount must be > 0, got {self.row_acceptance_pseudocount}")
+        need(0.0 < self.acceptance_ratio_floor <= 1.0,
+             f"acceptance_ratio_floor must be in (0, 1], got {self.acceptance_ratio_floor}")
         need(self.draft_margin >= 0.0, f"draft_margin must be >= 0, got {self.draft_margin}")
         need(self.length_jitter >= 0.0, f"length_jitter must be >= 0, got {self.length_jitter}")
         need(self.extrapolation_fraction > 0.0,
@@ -355,19 +352,25 @@ class BudgetController:
 
         The controller keeps the tokens with the highest estimates, so the drafter's calibration (which learns from
         every verified token) is optimistic about exactly those (measured: 45 % estimated, 26 % accepted on the
-        T = 1.0 frozen set at c_tok = 0.1). ``acceptance_ratio = (accepted + s) / (expected + s)`` over a decaying
-        window (``acceptance_decay`` per observation, ``s = acceptance_pseudocount``) scales the estimates the
-        controller decides on."""
-        d = self.config.acceptance_decay
-        self._acc_expected = d * self._acc_expected + max(float(expected), 0.0)
-        self._acc_accepted = d * self._acc_accepted + max(float(accepted), 0.0)
+        T = 1.0 frozen set at c_tok = 0.1). :attr:`acceptance_ratio` scales the estimates the controller decides on.
+        """
+        self._acc_expected += max(float(expected), 0.0)
+        self._acc_accepted += max(float(accepted), 0.0)
 
     @property
     def acceptance_ratio(self) -> float:
-        """Observed / expected accepted tokens of kept drafts (1.0 before any observation; see
-        :meth:`observe_acceptance`)."""
-        s = self.config.acceptance_pseudocount
-        return (self._acc_accepted + s) / (self._acc_expected + s)
+        """Observed / expected accepted tokens of kept drafts, ``(accepted + s) / (expected + s)`` with ``s =
+        acceptance_pseudocount``, both sums multiplied by ``acceptance_decay`` at every step, clipped to
+        ``[acceptance_ratio_floor, 1 / acceptance_ratio_floor]``; 1.0 before any observation.
+
+        The decay makes old evidence fade even when nothing is kept (so a ratio that stopped all drafting recovers),
+        and the floor bounds the correction: the drafter's own calibration learns from the same outcomes, so early in
+        a run (no calibration yet) the two corrections would compound. Without them, on the AMC23 set (one history
+        appearance, no warm-up) the first step's outcomes drove the ratio to 0.02 and nothing was drafted again."""
+        cfg = self.config
+        s = cfg.acceptance_pseudocount
+        ratio = (self._acc_accepted + s) / (self._acc_expected + s)
+        return float(min(max(ratio, cfg.acceptance_ratio_floor), 1.0 / cfg.acceptance_ratio_floor))
 
     @property
     def cost(self) -> CostModel:
@@ -381,8 +384,7 @@ class BudgetController:
 
     # ------------------------------------------------------------------ per step
     def budgets(self, accept: np.ndarray, problem_keys: np.ndarray, output_len: np.ndarray,
-                num_rounds: np.ndarray | None = None, max_output: np.ndarray | None = None,
-                row_expected: np.ndarray | None = None, row_accepted: np.ndarray | None = None) -> np.ndarray:
+                num_rounds: np.ndarray | None = None, max_output: np.ndarray | None = None) -> np.ndarray:
         """Draft tokens to keep per row this step.
 
         Args:
@@ -393,8 +395,6 @@ class BudgetController:
             num_rounds: ``int [n]`` verification rounds each request had so far (``None``: assume 1 token per
                 round when estimating rounds to finish).
             max_output: ``int [n]`` each request's maximum output tokens (``None``: no cap).
-            row_expected / row_accepted: ``float64 [n]`` per request, :attr:`last_expected_kept` and the accepted
-                tokens summed over its verified drafts (``None``: the overall correction only).
 
         Returns:
             ``int32 [n]`` budgets, ``0 <= budget[i] <= `` row ``i``'s draft length, total ``<= step_token_cap``
@@ -409,8 +409,7 @@ class BudgetController:
         n, k = accept.shape
         keys = np.asarray(problem_keys, dtype=np.int64).reshape(-1)
         out_len = np.asarray(output_len, dtype=np.float64).reshape(-1)
-        optional = {"num_rounds": num_rounds, "max_output": max_output, "row_expected": row_expected,
-                    "row_accepted": row_accepted}
+        optional = {"num_rounds": num_rounds, "max_output": max_output}
         for name, arr in [("problem_keys", keys), ("output_len", out_len)] + [
                 (name, np.asarray(v).reshape(-1)) for name, v in optional.items() if v is not None]:
             if arr.shape != (n,):
@@ -434,14 +433,10 @@ class BudgetController:
             tau_obs = np.maximum(1.0, (out_len + _TAU_PSEUDO_ROUNDS) / (r + _TAU_PSEUDO_ROUNDS))
         # A draft token past the request's end is verified for nothing; the controller's own record of how its kept
         # tokens fared corrects the estimates it selects on (see observe_acceptance).
+        self._acc_expected *= cfg.acceptance_decay
+        self._acc_accepted *= cfg.acceptance_decay
         survival_k = survival(rem, k)
-        ratio = self.acceptance_ratio
-        if row_expected is not None and row_accepted is not None:
-            # Per request: a hard request's drafts are accepted less often than its estimates say.
-            s_row = cfg.row_acceptance_pseudocount
-            ratio = ((np.asarray(row_accepted, dtype=np.float64) + s_row * ratio)
-                     / (np.asarray(row_expected, dtype=np.float64) + s_row))[:, None]
-        useful = np.minimum(accept * survival_k * ratio, 1.0)
+        useful = np.minimum(accept * survival_k * self.acceptance_ratio, 1.0)
         p, makespan = tail_probability(rem / tau_obs[:, None])
         p = (1.0 - cfg.tail_prior_weight) * p + cfg.tail_prior_weight / n
         lengths, value = optimal_draft_lengths(useful, cost.c_base_ms * p, cost.c_tok_ms, cfg.draft_margin)

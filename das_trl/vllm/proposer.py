@@ -54,10 +54,8 @@ class DASProposer:
         self.budget_source = "controller"  # or "length_policy"
         self._rounds: dict[str, int] = {}      # verification rounds per request (controller input)
         self._max_output: dict[str, int] = {}  # the request's max_tokens, when known (controller input)
-        # Per request: the controller's acceptance estimate for its last kept draft, and (estimated, accepted) summed
-        # over its verified drafts (the controller's per-request acceptance correction).
+        # Per request: the controller's acceptance estimate for its last kept draft (reported back once verified).
         self._expected_kept: dict[str, float] = {}
-        self._tally: dict[str, tuple[float, int]] = {}
         self._step_end: float | None = None    # _clock() at the end of the last propose (online cost fit)
         self._clock = time.perf_counter         # seconds; replaceable in tests
         self._runner: Any = None
@@ -267,11 +265,7 @@ class DASProposer:
         rounds = np.fromiter((self._rounds.get(r, 0) for r in req_ids), np.int64, n)
         max_out = np.fromiter((self._max_output.get(r, 0) for r in req_ids), np.int64, n)
         max_out = np.where(max_out > 0, max_out, self.max_model_len)
-        tallies = [self._tally.get(r, (0.0, 0)) for r in req_ids]
-        row_expected = np.fromiter((e for e, _ in tallies), np.float64, n)
-        row_accepted = np.fromiter((a for _, a in tallies), np.float64, n)
-        batch.truncate(self.controller.budgets(batch.accept, keys, output_len, rounds, max_out, row_expected,
-                                               row_accepted))
+        batch.truncate(self.controller.budgets(batch.accept, keys, output_len, rounds, max_out))
         lengths = batch.lengths.tolist()
         for (row, req_id, _, _), draft, k, e in zip(rows, batch.as_lists(), lengths,
                                                     self.controller.last_expected_kept.tolist()):
@@ -334,8 +328,6 @@ class DASProposer:
                 if self.budget_source == "controller" and verified:
                     expected = self._expected_kept.pop(req_id, 0.0) * verified / last
                     self.controller.observe_acceptance(expected, accepted)
-                    e, a = self._tally.get(req_id, (0.0, 0))
-                    self._tally[req_id] = (e + expected, a + accepted)
         if num_output > known:
             self.drafter.extend_request(req_id, token_ids_cpu[row, num_prompt + known : num_tokens].tolist())
         self._known_output[req_id] = num_output
@@ -373,7 +365,6 @@ class DASProposer:
         self._rounds.pop(req_id, None)
         self._max_output.pop(req_id, None)
         self._expected_kept.pop(req_id, None)
-        self._tally.pop(req_id, None)
         if req_id in self.drafter.active_requests:
             self.drafter.stop_request(req_id)
 
