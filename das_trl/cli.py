@@ -14,7 +14,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("serve", help="start a vLLM OpenAI server running the DAS drafter (extra args go to vLLM)",
                    add_help=False)
-    sub.add_parser("bench", help="benchmarks: `das-trl bench replay|record|live|drafter-speed|history-memory ...`",
+    sub.add_parser("bench", help="benchmarks: `das-trl bench replay|suite|record|live|drafter-speed|controller-speed|"
+                                        "history-memory|cost-profile ...`",
                    add_help=False)
     prep = sub.add_parser("prepare-model", help="convert the embedded SmolLM2-135M-Instruct once; print its path")
     prep.add_argument("--cache-dir", default=None)
@@ -27,7 +28,9 @@ def main(argv: list[str] | None = None) -> int:
         return serve_main(argv[1:])
     if argv and argv[0] == "bench":
         benches = {"replay": "das_trl.bench.replay", "record": "das_trl.bench.record", "live": "das_trl.bench.live",
-                   "drafter-speed": "das_trl.bench.drafter_speed", "history-memory": "das_trl.bench.history_memory"}
+                   "drafter-speed": "das_trl.bench.drafter_speed", "history-memory": "das_trl.bench.history_memory",
+                   "suite": "das_trl.bench.suite", "cost-profile": "das_trl.bench.cost_profile",
+                   "controller-speed": "das_trl.bench.controller_speed"}
         if len(argv) < 2 or argv[1] not in benches:
             parser.error(f"das-trl bench needs one of: {', '.join(benches)}")
         import importlib

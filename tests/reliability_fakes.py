@@ -75,3 +75,24 @@ class FakeEngine(DASEngine):
             self.fail[method] -= 1
             raise DASEngineError(f"{self.name} cannot be reached (ConnectionError)")
         return [getattr(w, method)(*args) for w in self.workers]
+
+
+def push_long_and_short_history(worker: FakeWorker, rng) -> tuple[list[list[int]], list[list[int]]]:
+    """Push a history of 5 problems into ``worker``'s proposer: problem 0 is long (200-token completions), problems
+    1-4 stop after 40 tokens; 4 identical samples each. Returns ``(prompts, texts)`` (texts: 200 tokens each)."""
+    prompts = [rng.integers(10, 900, 12).tolist() for _ in range(5)]
+    texts = [rng.integers(10, 900, 200).tolist() for _ in range(5)]
+    ps, cs = [], []
+    for i, (p, t) in enumerate(zip(prompts, texts)):
+        for _ in range(4):
+            ps.append(p)
+            cs.append(t if i == 0 else t[:40])
+    worker.proposer.add_history(ps, cs, background=False)
+    return prompts, texts
+
+
+def run_round(worker: FakeWorker, prompts, texts, rows: list[tuple[str, int, int]]) -> list[list[int]]:
+    """One proposer round for requests ``(req_id, problem index, output length so far)``: returns their drafts."""
+    runner = worker.model_runner
+    runner.set_rows([(rid, prompts[i], texts[i][:n]) for rid, i, n in rows])
+    return runner.step([[texts[i][n - 1]] for _, i, n in rows])

@@ -129,3 +129,29 @@ def test_bad_payload_rejected_engine_keeps_serving(das_llm, reference):
     prompts, ref_tokens, _ = reference
     tokens, _ = _generate(das_llm, prompts[:2])
     assert tokens == ref_tokens[:2]
+
+
+def test_controller_budgets_reach_vllm(das_llm, reference):
+    """The budget controller's cut drafts are what vLLM verifies: with expensive verification and lengths it trusts,
+    it keeps far fewer draft tokens than the drafter offers, and vLLM's own counters see the kept ones only."""
+    from das_trl.vllm.client import LocalDASEngine
+    from das_trl.vllm.metrics import spec_decode_counters
+
+    prompts, ref_tokens, _ = reference
+    engine = LocalDASEngine(das_llm)
+    engine.attach({"budget_controller": {"cost_source": "config", "c_tok_ms": 0.5, "tail_prior_weight": 0.0,
+                                         "pooled_weight": 0.0}})
+    engine.reset("all")
+    assert engine.add_history(prompts, ref_tokens)["stats"]["budget_source"] == "controller"
+    before, counters_before = engine.stats(), spec_decode_counters(das_llm)
+    tokens, _ = _generate(das_llm, prompts)
+    after, counters = engine.stats(), spec_decode_counters(das_llm)
+    assert tokens == ref_tokens
+    offered = after["budget_offered_tokens"] - before["budget_offered_tokens"]
+    kept = after["budget_kept_tokens"] - before["budget_kept_tokens"]
+    assert kept == after["draft_tokens"] - before["draft_tokens"]  # the proposer returned the cut drafts
+    verified = counters["num_draft_tokens"] - counters_before["num_draft_tokens"]
+    # Drafts proposed in a request's last step are never scheduled: at most one draft (<= K = 8 tokens) per request.
+    assert kept - 8 * NUM_PROMPTS <= verified <= kept, (offered, kept, verified)
+    assert offered - kept > 8 * NUM_PROMPTS, (offered, kept)  # so had the cut not reached vLLM, this would fail
+    assert verified > 0 and counters["num_accepted_tokens"] > counters_before["num_accepted_tokens"]

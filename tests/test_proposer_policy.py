@@ -1,6 +1,6 @@
-"""The live proposer's draft budgets come from the LengthPolicy (the same object the replay benchmark uses): a request
-of a short problem gets the short tier's budget, a long problem's request the long tier's, a length_policy sent with
-das_attach replaces the policy, and per-tier rounds/tokens are counted. Fast: real DASWorkerExtension + DASProposer +
+"""With a length_policy sent with das_attach (the budget source before the controller), the live proposer's draft
+budgets come from the LengthPolicy (the same object the replay benchmark uses): a request of a short problem gets the
+short tier's budget, a long problem's request the long tier's, and per-tier rounds/tokens are counted. Fast: real DASWorkerExtension + DASProposer +
 DASDrafter behind a fake model runner (``reliability_fakes``)."""
 
 import json
@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from reliability_fakes import K, FakeWorker
+from reliability_fakes import K, FakeWorker, push_long_and_short_history, run_round
 from das_trl.drafter import problem_key
 
 
@@ -20,27 +20,17 @@ def rng():
 def _setup(rng):
     worker = FakeWorker()
     assert worker.das_attach("")["ok"]
-    prompts = [rng.integers(10, 900, 12).tolist() for _ in range(5)]
-    texts = [rng.integers(10, 900, 200).tolist() for _ in range(5)]
-    # Problem 0 is long (200-token completions); problems 1-4 stop after 40 tokens. Each: 4 identical samples.
-    ps, cs = [], []
-    for i, (p, t) in enumerate(zip(prompts, texts)):
-        for _ in range(4):
-            ps.append(p)
-            cs.append(t if i == 0 else t[:40])
-    worker.proposer.add_history(ps, cs, background=False)
+    prompts, texts = push_long_and_short_history(worker, rng)
     return worker, prompts, texts
 
 
-def _round(worker, prompts, texts, rows):
-    """One proposer round for requests (req_id, problem index, output length so far): returns their drafts."""
-    runner = worker.model_runner
-    runner.set_rows([(rid, prompts[i], texts[i][:n]) for rid, i, n in rows])
-    return runner.step([[texts[i][n - 1]] for _, i, n in rows])
+_round = run_round
 
 
 def test_budgets_follow_the_problems_length_tier(rng):
     worker, prompts, texts = _setup(rng)
+    assert worker.proposer.stats()["budget_source"] == "controller"  # the default
+    assert worker.das_attach(json.dumps({"length_policy": {"mode": "tiers"}}))["ok"]
     assert worker.proposer.stats()["policy_mode"] == "tiers"
     rows = [("long", 0, 5), ("short", 3, 5)]
     _round(worker, prompts, texts, rows)  # first sight: requests start
@@ -48,8 +38,9 @@ def test_budgets_follow_the_problems_length_tier(rng):
     assert drafts[0] == texts[0][6:6 + K]  # long tier: 16 capped at K = 8
     assert 0 < len(drafts[1]) <= 2 and drafts[1] == texts[3][6:6 + len(drafts[1])]  # short tier: 2
     s = worker.proposer.stats()
-    assert s["tier_long_rounds"] == 2 and s["tier_short_rounds"] == 2
-    assert s["tier_long_tokens"] == 2 and s["tier_short_tokens"] == 2  # one sampled token per row each round
+    assert s["budget_tier_long_rounds"] == 2 and s["budget_tier_short_rounds"] == 2
+    assert s["budget_tier_long_tokens"] == 2 and s["budget_tier_short_tokens"] == 2  # one sampled token per row a round
+    assert "budget_tier_long_rounds" in s["budget_counters"]
 
 
 def test_length_policy_from_das_attach_replaces_the_policy(rng):

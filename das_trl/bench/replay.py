@@ -43,12 +43,14 @@ from typing import Sequence
 
 import numpy as np
 
-from das_trl.drafter import DASDrafter
+from das_trl.drafter.factory import create_drafter
 from das_trl.drafter import DrafterConfig as _DrafterConfig
+from das_trl.drafter.controller import BudgetController, ControllerConfig
 from das_trl.drafter.policy import LengthPolicy, LengthPolicyConfig
 from das_trl.drafter.rollout_log import RolloutRecord, read_records
 
-ALL_DRAFTERS = ("none", "ngram", "suffix", "das-problem", "das+global", "das+siblings", "das+policy", "das+cost")
+ALL_DRAFTERS = ("none", "ngram", "suffix", "das-problem", "das+global", "das+siblings", "das+policy", "das+cost",
+                "das+controller")
 DEFAULT_DRAFTERS = ALL_DRAFTERS
 
 # vLLM 0.32 defaults (vllm/config/speculative.py): suffix_decoding_max_tree_depth=24, max_cached_requests=10000,
@@ -59,9 +61,15 @@ SUFFIX_DEFAULTS = dict(max_tree_depth=24, max_cached_requests=10000, max_spec_fa
 
 # ---------------------------------------------------------------------------- drafters
 class Drafter:
-    """Replay-side drafter interface."""
+    """Replay-side drafter interface.
+
+    Each engine step the replay calls :meth:`draft_step` once for all running requests; the default implementation
+    asks :meth:`budgets` for per-request budgets and then :meth:`propose` per request. ``context_tail``: how many
+    trailing context tokens :meth:`propose` needs (``None``: the whole prompt + output).
+    """
 
     name = "base"
+    context_tail: int | None = None
 
     def prepare(self, train_epochs: Sequence[list[RolloutRecord]]) -> None:
         """Load history epochs the drafter did not serve (oldest first)."""
@@ -83,6 +91,14 @@ class Drafter:
 
     def propose(self, rid: str, context: np.ndarray, budget: int) -> list[int]:
         return []
+
+    def draft_step(self, running: list[tuple[str, RolloutRecord, int, int]],
+                   contexts: list[np.ndarray]) -> list[list[int]]:
+        """Drafts for one engine step. ``running``: ``(request id, record, tokens emitted so far, rounds so far)``
+        per running request; ``contexts``: its prompt + output (the last ``context_tail`` tokens)."""
+        budgets = self.budgets([(rid, rec, pos) for rid, rec, pos, _ in running])
+        return [self.propose(rid, ctx, int(b)) if b > 0 else []
+                for (rid, _, _, _), ctx, b in zip(running, contexts, budgets)]
 
     def feedback(self, rid: str, drafted: int, accepted: int) -> None:
         """Verification outcome of ``rid``'s draft this round: ``accepted`` of ``drafted`` tokens."""
@@ -131,6 +147,7 @@ class SuffixDrafter(Drafter):
 
         self.name = "suffix"
         self.p = dict(SUFFIX_DEFAULTS, **overrides)
+        self.context_tail = self.p["max_tree_depth"]
         self.cache = SuffixDecodingCache(max_tree_depth=self.p["max_tree_depth"],
                                          max_cached_requests=self.p["max_cached_requests"])
 
@@ -166,14 +183,16 @@ class SuffixDrafter(Drafter):
 
 
 class DASReplayDrafter(Drafter):
-    """DASDrafter fed one ``add_rollouts`` per history epoch (one appearance per problem), optional length policy."""
+    """The DAS drafter (``create_drafter``: the native core unless ``backend="python"``) fed one ``add_rollouts`` per
+    history epoch (one appearance per problem), optional length policy; one ``propose_batch`` per engine step."""
 
     def __init__(self, name: str, config: _DrafterConfig, policy: LengthPolicy | None = None,
                  fixed_budget: int = 16) -> None:
         self.name = name
-        self.d = DASDrafter(config)
+        self.d = create_drafter(config)
         self.policy = policy
         self.fixed_budget = fixed_budget
+        self.context_tail = self.d.config.match_context_tokens
 
     def prepare(self, train_epochs):
         for recs in train_epochs:
@@ -207,17 +226,67 @@ class DASReplayDrafter(Drafter):
     def propose(self, rid, context, budget):
         return self.d.propose(rid, context, budget)
 
+    def draft_step(self, running, contexts):
+        # One batched call, as the engine's proposer makes it (the drafter holds every request's own text).
+        budgets = self.budgets([(rid, rec, pos) for rid, rec, pos, _ in running])
+        return self.d.propose_batch([rid for rid, _, _, _ in running], np.asarray(budgets, np.int64)).as_lists()
+
     def feedback(self, rid, drafted, accepted):
         if drafted:
-            self.d.record_acceptance(rid, accepted)
+            self.d.record_acceptance(rid, accepted, num_verified=drafted)
         if self.policy is not None:
             self.policy.record_acceptance(drafted, accepted)
 
 
+class DASControllerDrafter(DASReplayDrafter):
+    """DASDrafter + :class:`~das_trl.drafter.controller.BudgetController`, as the live proposer runs them: each step
+    drafts every running request up to the hard cap (``propose_batch``), the controller picks how many tokens of
+    each draft to verify, the drafts are cut to that, and the verified (cut) length is reported back."""
+
+    def __init__(self, name: str, config: _DrafterConfig, controller: ControllerConfig) -> None:
+        super().__init__(name, config)
+        self.controller = BudgetController(controller)
+        self.max_output: int | None = None
+        self._expected: dict[str, float] = {}  # request -> the controller's estimate for its kept draft
+
+    def prepare(self, train_epochs):
+        super().prepare(train_epochs)
+        # A live engine knows each request's max_tokens; here it is the length of history rollouts cut by it.
+        capped = [len(r.completion_ids) for recs in train_epochs for r in recs if r.finish_reason == "length"]
+        self.max_output = max(capped) if capped else None
+
+    def end_step(self, records):
+        super().end_step(records)
+        lens: dict[int, list[int]] = defaultdict(list)
+        for r in records:
+            lens[r.problem_key].append(len(r.completion_ids))
+        for key, ls in lens.items():
+            self.controller.observe(key, ls)
+
+    def draft_step(self, running, contexts):
+        n = len(running)
+        rids = [rid for rid, _, _, _ in running]
+        batch = self.d.propose_batch(rids, np.full(n, self.d.config.max_spec_tokens), None)
+        keys = np.fromiter((rec.problem_key for _, rec, _, _ in running), np.int64, n)
+        out_len = np.fromiter((pos for _, _, pos, _ in running), np.int64, n)
+        rounds = np.fromiter((r for _, _, _, r in running), np.int64, n)
+        max_out = None if self.max_output is None else np.full(n, self.max_output)
+        batch.truncate(self.controller.budgets(batch.accept, keys, out_len, rounds, max_out))
+        self._expected.update(zip(rids, self.controller.last_expected_kept.tolist()))
+        return batch.as_lists()
+
+    def feedback(self, rid, drafted, accepted):
+        super().feedback(rid, drafted, accepted)
+        expected = self._expected.pop(rid, 0.0)
+        if drafted:
+            self.controller.observe_acceptance(expected, accepted)
+
+
 def make_drafter(name: str, ngram=(5, 5, 8), policy_config: LengthPolicyConfig | None = None,
-                 das_overrides: dict | None = None) -> Drafter:
+                 das_overrides: dict | None = None, controller_config: ControllerConfig | None = None) -> Drafter:
     """Build a replay drafter by name (one of :data:`ALL_DRAFTERS`); ``das_overrides``: DrafterConfig fields applied
-    to every DAS variant (the ablation switches of a variant still win)."""
+    to every DAS variant (the ablation switches of a variant still win); ``controller_config``: the
+    ``das+controller`` variant's settings (give it the replay's cost model)."""
     ov = dict(das_overrides or {})
 
     def DrafterConfig(**kw):  # noqa: N802 - the variant's switches over the user's overrides
@@ -243,7 +312,15 @@ def make_drafter(name: str, ngram=(5, 5, 8), policy_config: LengthPolicyConfig |
     if name == "das+cost":
         pc = LengthPolicyConfig(**{**pc.to_dict(), "mode": "cost"})
         return DASReplayDrafter(name, DrafterConfig(max_spec_tokens=max(1, pc.max_budget)), LengthPolicy(pc))
+    if name == "das+controller":
+        return DASControllerDrafter(name, DrafterConfig(), controller_config or ControllerConfig(cost_source="config"))
     raise ValueError(f"unknown drafter {name!r}; choose from {', '.join(ALL_DRAFTERS)}")
+
+
+def controller_config(c_base: float, c_tok: float, overrides: dict | None = None) -> ControllerConfig:
+    """The ``das+controller`` settings of a replay: the replay's own cost model (``cost_source="config"``; a replay
+    has no step timings to fit) plus ``overrides`` (ControllerConfig fields)."""
+    return ControllerConfig(**{**(overrides or {}), "cost_source": "config", "c_base_ms": c_base, "c_tok_ms": c_tok})
 
 
 # ---------------------------------------------------------------------------- simulation
@@ -269,6 +346,12 @@ class ReplayResult:
     @property
     def draft_per_accepted(self) -> float:
         return self.draft_tokens / self.accepted_tokens if self.accepted_tokens else math.nan
+
+    def time_at(self, c_base: float, c_tok: float) -> float:
+        """Cost-model time (ms) of the same replay under another cost model: every step costs ``c_base`` and every
+        verified token (one per request-round plus the draft tokens) ``c_tok``. Exact for drafters whose drafts do
+        not depend on the cost model (all but ``das+cost`` and ``das+controller``)."""
+        return c_base * self.steps + c_tok * (self.rounds + self.draft_tokens)
 
     @property
     def mean_passes(self) -> float:
@@ -319,15 +402,14 @@ def _replay_batch(drafter: Drafter, eval_records: list[RolloutRecord], prefix: s
     t_ms = 0.0
     trace: list[tuple[float, int]] = []
     t_drafter = 0.0
+    tail = drafter.context_tail
     while running:
         trace.append((t_ms, len(running)))
         t0 = time.perf_counter()
-        budgets = drafter.budgets([(rids[i], eval_records[i], pos[i]) for i in running])
-        drafts = []
-        for i, b in zip(running, budgets):
-            # The engine does not know where a completion will end: drafts may run past it (those tokens are
-            # verified and wasted, as in vLLM).
-            drafts.append(drafter.propose(rids[i], np.asarray(ctx[i], dtype=np.int32), int(b)) if b > 0 else [])
+        # The engine does not know where a completion will end: drafts may run past it (those tokens are verified
+        # and wasted, as in vLLM).
+        contexts = [np.asarray(ctx[i] if tail is None else ctx[i][-tail:], dtype=np.int32) for i in running]
+        drafts = drafter.draft_step([(rids[i], eval_records[i], pos[i], passes[i]) for i in running], contexts)
         t_drafter += time.perf_counter() - t0
         step_tokens = 0
         still = []
@@ -473,7 +555,7 @@ def write_plots(results: Sequence[ReplayResult], outdir: str | Path, history_len
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in results:
-        if r.name in ("none", "suffix", "das+policy", "das+cost") or r.name == results[-1].name:
+        if r.name in ("none", "suffix", "das+policy", "das+cost", "das+controller") or r.name == results[-1].name:
             t, b = zip(*r.batch_trace)
             ax.step(np.asarray(t) / 1000.0, b, where="post", label=r.name)
     ax.set_xlabel("simulated time (s, cost model)")
@@ -506,6 +588,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--c-tok", type=float, default=0.025, help="cost model: ms per token in a pass")
     p.add_argument("--ngram", default="5,5,8", help="prompt_lookup_min,prompt_lookup_max,num_speculative_tokens")
     p.add_argument("--policy", default=None, help="JSON of LengthPolicyConfig overrides, e.g. '{\"short_budget\": 0}'")
+    p.add_argument("--controller", default=None,
+                   help="JSON of ControllerConfig overrides for das+controller (its cost model is --c-base/--c-tok)")
     p.add_argument("--das-config", default=None,
                    help="JSON of DrafterConfig overrides for every DAS variant, e.g. '{\"max_spec_factor\": 1.0}'")
     p.add_argument("--no-warmup", action="store_true",
@@ -524,13 +608,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ngram = tuple(int(x) for x in args.ngram.split(","))
     pc = LengthPolicyConfig(**json.loads(args.policy)) if args.policy else LengthPolicyConfig()
     das_ov = json.loads(args.das_config) if args.das_config else {}
+    cc = controller_config(args.c_base, args.c_tok, json.loads(args.controller) if args.controller else None)
     names = [x.strip() for x in args.drafters.split(",") if x.strip()]
     print(f"{args.rollouts}: history epochs {tr} ({sum(len(x) for x in train)} rollouts), replaying epoch {ev} "
           f"({len(evals)} rollouts, {len({r.problem_key for r in evals})} problems, "
           f"{sum(len(r.completion_ids) for r in evals)} tokens); cost model {args.c_base} ms + {args.c_tok} ms/token")
     results = []
     for name in names:
-        res = simulate(make_drafter(name, ngram, pc, das_ov), train, evals, args.c_base, args.c_tok,
+        res = simulate(make_drafter(name, ngram, pc, das_ov, cc), train, evals, args.c_base, args.c_tok,
                        warmup=not args.no_warmup)
         results.append(res)
     print(format_table(results))
@@ -543,7 +628,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         payload = {"rollouts": str(args.rollouts), "train_epochs": tr, "eval_epoch": ev,
                    "c_base_ms": args.c_base, "c_tok_ms": args.c_tok, "ngram": list(ngram),
                    "warmup": not args.no_warmup and len(train) >= 2, "policy": pc.to_dict(),
-                   "das_config_overrides": das_ov, "suffix": SUFFIX_DEFAULTS,
+                   "das_config_overrides": das_ov, "controller": cc.to_dict(), "suffix": SUFFIX_DEFAULTS,
                    "results": [dict(r.summary(), tiers=tier_tokens_per_round(r)) for r in results]}
         Path(args.json).write_text(json.dumps(payload, indent=2, default=float))
         print(f"wrote {args.json}")

@@ -17,6 +17,7 @@ Only numpy and the standard library: the format is read by the drafter-level rep
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -54,12 +55,17 @@ def append_records(path: str | Path, records: Sequence[RolloutRecord]) -> None:
 
 
 def read_records(path: str | Path) -> Iterator[RolloutRecord]:
-    """Yield the records of a JSONL file.
+    """Yield the records of a JSONL file, gzip-compressed or not (recognised by its magic bytes, whatever the name:
+    recorded sets are committed as ``*.jsonl.gz``).
 
     Raises:
         ValueError: a line is not a valid record (the message gives the line number).
     """
-    with Path(path).open(encoding="utf-8") as f:
+    path = Path(path)
+    with path.open("rb") as raw:
+        compressed = raw.read(2) == b"\x1f\x8b"
+    opener = gzip.open if compressed else open
+    with opener(path, "rt", encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
                 continue

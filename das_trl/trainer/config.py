@@ -13,6 +13,7 @@ from typing import Any
 
 from trl import GRPOConfig
 
+from das_trl.drafter.controller import ControllerConfig
 from das_trl.drafter.policy import LengthPolicyConfig
 from das_trl.vllm.engine_check import check_engine_settings
 
@@ -74,16 +75,30 @@ class DASGRPOConfig(GRPOConfig):
                           "(per source, match length and estimate) and correct the drafter's estimates with it: "
                           "fewer wasted verification tokens, longer drafts where they pay (docs/benchmarks.md)."},
     )
+    das_budget_controller: dict | str | None = field(
+        default=None,
+        metadata={"help": "Per-step draft budgets from the batch budget controller (the default): every request is "
+                          "drafted up to das_num_speculative_tokens, then each keeps the draft tokens whose expected "
+                          "saving pays for their verification under the cost model c_base + c_tok * tokens per "
+                          "forward pass; requests likely to finish last (estimated from their problem's windowed "
+                          "history lengths) are worth the most, so the tail drafts nearly everything and large "
+                          "batches keep only likely-accepted tokens (das_trl.drafter.controller). A dict (or JSON) "
+                          "of das_trl.drafter.controller.ControllerConfig fields, e.g. {\"c_base_ms\": 7.0, "
+                          "\"c_tok_ms\": 0.025, \"cost_source\": \"config\"}. None uses the defaults: the cost "
+                          "model fitted online from the engine's own step times once that fit is reliable, 7 ms + "
+                          "0.025 ms/token (the DAS paper's GPU figures) until then. Measure your device with "
+                          "`das-trl bench cost-profile`. Ignored when das_length_policy is set."},
+    )
     das_length_policy: dict | str | None = field(
         default=None,
-        metadata={"help": "Length-aware draft budgets per verification round: a dict (or JSON) of "
-                          "das_trl.drafter.policy.LengthPolicyConfig fields, e.g. {\"mode\": \"cost\"} or "
-                          "{\"long_budget\": 16, \"short_budget\": 0}. None uses the defaults: mode 'tiers' (problems "
-                          "ranked by their history's completion lengths: top 20% long = 16 tokens, next 40% medium = "
-                          "8, rest short = 2; running requests promoted as they grow; budgets grow as the batch "
-                          "drains; at most 1024 draft tokens per engine step). Budgets never exceed "
-                          "das_num_speculative_tokens. {\"mode\": \"fixed\", \"fixed_budget\": K} is the "
-                          "length-unaware baseline."},
+        metadata={"help": "The earlier length-aware budget policy, used instead of das_budget_controller when set: "
+                          "a dict (or JSON) of das_trl.drafter.policy.LengthPolicyConfig fields, e.g. "
+                          "{\"mode\": \"tiers\"} (problems ranked by their history's completion lengths: top 20% "
+                          "long = 16 tokens, next 40% medium = 8, rest short = 2; running requests promoted as they "
+                          "grow; budgets grow as the batch drains; at most 1024 draft tokens per engine step; the "
+                          "default before the controller), {\"mode\": \"cost\"} or {\"mode\": \"fixed\", "
+                          "\"fixed_budget\": K} (the length-unaware baseline). Budgets never exceed "
+                          "das_num_speculative_tokens. None: the controller decides."},
     )
     das_weight_sync: str = field(
         default="auto",
@@ -161,21 +176,32 @@ def validate_das_settings(settings: dict[str, Any]) -> None:
         raise ValueError(f"das_vllm_kwargs must be a dict, got {type(settings['vllm_kwargs']).__name__}")
     if settings["enabled"]:
         check_engine_settings(settings["vllm_kwargs"], environ={})  # async_scheduling cannot run the drafter
-    policy = settings.get("length_policy")
-    if isinstance(policy, str):
-        try:
-            policy = settings["length_policy"] = json.loads(policy)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"das_length_policy is not valid JSON: {exc}") from None
-    if policy is not None:
-        if not isinstance(policy, dict):
-            raise ValueError(f"das_length_policy must be a dict, got {type(policy).__name__}")
-        try:
-            LengthPolicyConfig(**policy)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"das_length_policy: {exc}") from None
+    _validate_config_dict(settings, "budget_controller", ControllerConfig)
+    _validate_config_dict(settings, "length_policy", LengthPolicyConfig)
     if settings["weight_sync"] not in _WEIGHT_SYNC_MODES:
         raise ValueError(f"das_weight_sync must be one of {_WEIGHT_SYNC_MODES}, got {settings['weight_sync']!r}")
+
+
+def _validate_config_dict(settings: dict[str, Any], key: str, config_cls: type) -> None:
+    """Parse ``settings[key]`` from JSON in place when it is a string and check it builds ``config_cls``.
+
+    Raises:
+        ValueError: invalid JSON, not a dict, or fields ``config_cls`` rejects (the message names ``das_<key>``).
+    """
+    value = settings.get(key)
+    if isinstance(value, str):
+        try:
+            value = settings[key] = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"das_{key} is not valid JSON: {exc}") from None
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        raise ValueError(f"das_{key} must be a dict, got {type(value).__name__}")
+    try:
+        config_cls(**value)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"das_{key}: {exc}") from None
 
 
 def drafter_config_fields(settings: dict[str, Any]) -> dict[str, Any]:
@@ -188,5 +214,7 @@ def drafter_config_fields(settings: dict[str, Any]) -> dict[str, Any]:
         "max_spec_factor": settings["max_spec_factor"],
         "min_token_prob": settings["min_token_prob"],
         "calibrate_acceptance": settings["calibrate_acceptance"],
-        "length_policy": settings.get("length_policy") or {},
+        # A legacy length policy when one is set, else the budget controller (with its settings).
+        **({"length_policy": settings["length_policy"]} if settings.get("length_policy")
+           else {"budget_controller": settings.get("budget_controller") or {}}),
     }

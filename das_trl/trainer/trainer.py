@@ -43,10 +43,9 @@ from das_trl.vllm.sampling_check import check_sampling_params, format_issues, tr
 
 logger = logging.getLogger(__name__)
 
-# Proposer counters whose per-step differences become das/* metrics.
-_TIERS = ("short", "medium", "long")  # das_trl.drafter.policy.TIER_NAMES
-_COUNTERS = ("request_rounds", "drafts", "draft_tokens", "accepted_tokens", "verified_drafts", "speculation_seconds",
-             *(f"tier_{t}_{c}" for t in _TIERS for c in ("rounds", "tokens")))
+# Proposer counters whose per-step differences become das/* metrics; the budget source's own counters (named in
+# stats()["budget_counters"]) are added to these, and its other budget_* values are logged as they are.
+_COUNTERS = ("request_rounds", "drafts", "draft_tokens", "accepted_tokens", "verified_drafts", "speculation_seconds")
 
 
 class DASGRPOTrainer(GRPOTrainer):
@@ -315,18 +314,22 @@ class DASGRPOTrainer(GRPOTrainer):
         append_records(self.das["record_rollouts"], records)
 
     def _das_step_metrics(self, stats: dict[str, Any]) -> dict[str, float]:
-        """Per-step differences of the proposer's counters, as das/* metrics."""
-        delta = {k: float(stats.get(k, 0)) - self._das_last_counters.get(k, 0.0) for k in _COUNTERS}
-        self._das_last_counters = {k: float(stats.get(k, 0)) for k in _COUNTERS}
+        """Per-step differences of the proposer's counters, as das/* metrics; the budget source's diagnostics as
+        ``das/budget/<name>`` (differences for its counters, values for the rest)."""
+        budget_counters = [k for k in stats.get("budget_counters", []) if isinstance(stats.get(k), (int, float))]
+        keys = (*_COUNTERS, *budget_counters)
+        delta = {k: float(stats.get(k, 0)) - self._das_last_counters.get(k, 0.0) for k in keys}
+        self._das_last_counters = {k: float(stats.get(k, 0)) for k in keys}
         rounds = delta["request_rounds"]
+        budget = {f"das/budget/{k[len('budget_'):]}": (delta[k] if k in delta else float(v))
+                  for k, v in stats.items()
+                  if k.startswith("budget_") and isinstance(v, (int, float)) and not isinstance(v, bool)}
         return {
+            **budget,
             "das/draft_tokens": delta["draft_tokens"],
             "das/accepted_tokens": delta["accepted_tokens"],
             "das/acceptance_rate": delta["accepted_tokens"] / delta["draft_tokens"] if delta["draft_tokens"] else 0.0,
             "das/tokens_per_round": (rounds + delta["accepted_tokens"]) / rounds if rounds else 1.0,
             "das/speculated_share": delta["drafts"] / rounds if rounds else 0.0,
             "das/speculation_seconds": delta["speculation_seconds"],
-            # By the request's length tier at each round (the length policy's tiers); absent when a tier had no rounds.
-            **{f"das/tokens_per_round_{t}": delta[f"tier_{t}_tokens"] / delta[f"tier_{t}_rounds"]
-               for t in _TIERS if delta[f"tier_{t}_rounds"]},
         }

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from das_trl.drafter import DrafterConfig, create_drafter, problem_key
+from das_trl.drafter.controller import BudgetController, ControllerConfig
 from das_trl.drafter.conversation import ConversationKeys
 from das_trl.drafter.policy import TIER_NAMES, LengthPolicy, LengthPolicyConfig
 
@@ -48,11 +49,20 @@ class DASProposer:
         self.vocab_size = int(vllm_config.model_config.get_vocab_size())
         self.engine_dtype = str(getattr(vllm_config.model_config, "dtype", "")).removeprefix("torch.") or None
         self.drafter = create_drafter(DrafterConfig(max_spec_tokens=self.num_speculative_tokens))
-        # Per-round budgets: the same LengthPolicy the replay benchmark uses (tiers by default; "fixed" = K each).
+        # Per-step budgets: the batch budget controller by default (drafts to the hard cap, then keeps what pays; see
+        # das_trl.drafter.controller); a LengthPolicy (tiers / cost / fixed, budgets applied before drafting) when
+        # attach() is given a policy_config. Both are the objects the replay benchmark uses.
         self.policy = LengthPolicy(LengthPolicyConfig(max_budget=self.num_speculative_tokens))
+        self.controller = BudgetController(ControllerConfig())
+        self.budget_source = "controller"  # or "length_policy"
+        self._step_end: float | None = None  # _clock() at the end of the last propose (online cost fit)
+        self._clock = time.perf_counter      # seconds; replaceable in tests
         self._runner: Any = None
-        # Problem key of every request the drafter is tracking; the drafter keeps their texts and drafts.
-        self._key_of: dict[str, int] = {}
+        # Every request the drafter is tracking has a slot in the per-request arrays below (free slots are reused);
+        # the drafter keeps their texts and drafts.
+        self._slot_of: dict[str, int] = {}
+        self._free_slots: list[int] = []
+        self._req = _RequestArrays(256)
         self._seen_totals = (0, 0, 0)  # drafter's acceptance_totals() already counted
         # First prompts of conversations -> problem keys, so later turns draft from their problem (multi-turn).
         self.conversations = ConversationKeys()
@@ -66,8 +76,8 @@ class DASProposer:
             accepted_tokens=0,
             verified_drafts=0,
             speculation_seconds=0.0,
-            **{f"tier_{name}_rounds": 0 for name in TIER_NAMES},
-            **{f"tier_{name}_tokens": 0 for name in TIER_NAMES},
+            **{f"budget_tier_{name}_rounds": 0 for name in TIER_NAMES},
+            **{f"budget_tier_{name}_tokens": 0 for name in TIER_NAMES},
         )
 
     # vLLM's CPU runner calls this unconditionally; a suffix-tree drafter has no model to load.
@@ -80,15 +90,20 @@ class DASProposer:
         return self._runner is not None
 
     def attach(self, model_runner: Any, drafter_config: DrafterConfig | None = None,
-               policy_config: LengthPolicyConfig | None = None) -> None:
+               policy_config: LengthPolicyConfig | None = None,
+               controller_config: ControllerConfig | None = None) -> None:
         """Give the proposer the model runner whose ``input_batch`` maps batch rows to requests.
 
         Args:
             model_runner: vLLM's ``GPUModelRunner`` (also the CPU runner's base class).
             drafter_config: when given and different from the current one, the drafter is rebuilt with it and its
                 history is carried over.
-            policy_config: when given, the length policy is rebuilt with it (its ``max_budget`` is capped at K); the
-                problems' observed lengths are replayed from the history so tiers survive the change.
+            policy_config: when given, the length policy is rebuilt with it (its ``max_budget`` is capped at K), the
+                problems' observed lengths are replayed from the history so tiers survive the change, and budgets
+                come from it (``budget_source = "length_policy"``).
+            controller_config: when given, the budget controller is rebuilt with it (lengths replayed from the
+                history) and budgets come from it (``budget_source = "controller"``, the default). With both
+                configs, the controller wins.
 
         Raises:
             TypeError: ``model_runner`` has no ``input_batch``.
@@ -103,7 +118,7 @@ class DASProposer:
             )
         # Retire the requests tracked so far: clearing the bookkeeping alone left them active in the drafter forever
         # (a re-attach between two generations orphaned the last batch's requests).
-        for req_id in list(self._key_of):
+        for req_id in list(self._slot_of):
             self._finish(req_id)
         if drafter_config is not None:
             if drafter_config != self.drafter.config:
@@ -114,13 +129,22 @@ class DASProposer:
         if policy_config is not None:
             capped = min(policy_config.max_budget, self.num_speculative_tokens)
             self.policy = LengthPolicy(LengthPolicyConfig(**{**policy_config.to_dict(), "max_budget": capped}))
+            self.budget_source = "length_policy"
+        if controller_config is not None:
+            self.controller = BudgetController(controller_config)
+            self.budget_source = "controller"
+        if policy_config is not None or controller_config is not None:
             self._observe_history()
+        self._step_end = None
         self._runner = model_runner
 
     def _observe_history(self) -> None:
-        """Feed every problem's windowed completion lengths to the length policy (after a rebuild or a load)."""
+        """Feed every problem's windowed completion lengths to the length policy and the controller (after a rebuild
+        or a load)."""
         for key in self.drafter.history_problems():
-            self.policy.observe(key, self.drafter.history_lengths(key).tolist())
+            lengths = self.drafter.history_lengths(key).tolist()
+            self.policy.observe(key, lengths)
+            self.controller.observe(key, lengths)
 
     def load_history(self, state: dict[str, Any]) -> None:
         """Replace the drafter's history with a saved one (``RolloutHistory.to_state()`` dict) and refresh the length
@@ -154,11 +178,12 @@ class DASProposer:
             lengths.setdefault(key, []).append(len(comp))
         for key, lens in lengths.items():
             self.policy.observe(key, lens)
+            self.controller.observe(key, lens)
         return added
 
     def detach(self) -> None:
         """Forget the model runner: from the next round on the proposer drafts nothing (history is kept)."""
-        for req_id in list(self._key_of):
+        for req_id in list(self._slot_of):
             self._finish(req_id)
         self._runner = None
 
@@ -186,34 +211,42 @@ class DASProposer:
         if self._runner is None:
             self._counters["unattached_rounds"] += 1
             return [[] for _ in range(n)]
-        started = time.perf_counter()
+        started = self._clock()
         batch = self._runner.input_batch
         req_ids = batch.req_ids[:n]
         live = set(req_ids)
-        for req_id in [r for r in self._key_of if r not in live]:
+        for req_id in [r for r in self._slot_of if r not in live]:
             self._finish(req_id)
         num_sampled = np.fromiter(map(len, sampled_token_ids), dtype=np.int64, count=n)
         rows = np.flatnonzero(num_sampled)  # partial prefills: nothing to extend from yet
         ids = [req_ids[r] for r in rows.tolist()]
         num_tokens = np.asarray(num_tokens_no_spec[:n], dtype=np.int64)[rows]
         num_prompt = np.asarray(batch.num_prompt_tokens[:n], dtype=np.int64)[rows]
-        for row, req_id, n_prompt in zip(rows.tolist(), ids, num_prompt.tolist()):
-            if req_id not in self._key_of:  # first sight of a request
-                prompt = token_ids_cpu[row, :n_prompt]
-                self.drafter.start_request(req_id, prompt, problem_key=self._request_problem_key(req_id, prompt))
-                self._key_of[req_id] = self.drafter.problem_of(req_id)
-        # Budgets from the length policy: long (and promoted) requests get more, all grow as the batch drains.
+        new_rows = [i for i, req_id in enumerate(ids) if req_id not in self._slot_of]
+        for i in new_rows:  # first sight of a request
+            self._start(ids[i], token_ids_cpu[rows[i], :num_prompt[i]])
+        req = self._req
+        slots = np.fromiter((self._slot_of[r] for r in ids), dtype=np.int64, count=len(ids))
+        req.rounds[slots] += 1
+        verified = self._verified_lengths(rows)
+        controlled = self.budget_source == "controller"
+        if controlled:
+            self._observe_verification(slots, num_sampled[rows], verified, started,
+                                       complete=not new_rows and len(rows) == n)
         output_len = num_tokens - num_prompt
-        keys = [self._key_of[r] for r in ids]
-        budgets = np.asarray(self.policy.budgets(list(zip(keys, output_len.tolist())), num_running=len(live)),
-                             dtype=np.int64).reshape(-1)
-        for key, out_len, got in zip(keys, output_len.tolist(), num_sampled[rows].tolist()):
-            tier = TIER_NAMES[self.policy.tier(key, out_len)]
-            self._counters[f"tier_{tier}_rounds"] += 1
-            self._counters[f"tier_{tier}_tokens"] += got
-        caps = np.minimum(np.minimum(budgets, self.num_speculative_tokens), self.max_model_len - num_tokens - 1)
-        out = self.drafter.step(ids, token_ids_cpu, rows, num_tokens, num_prompt, num_sampled[rows],
-                                self._verified_lengths(rows), caps)
+        caps = np.minimum(self.num_speculative_tokens, self.max_model_len - num_tokens - 1)
+        if not controlled:
+            caps = np.minimum(caps, self._policy_budgets(req.key[slots], output_len, num_sampled[rows], len(live)))
+        out = self.drafter.step(ids, token_ids_cpu, rows, num_tokens, num_prompt, num_sampled[rows], verified, caps)
+        if controlled and len(ids):
+            # Keep what pays: the drafts were made to the hard cap; the controller cuts them, and the drafter is
+            # told what was really sent so verification is accounted against the cut length.
+            keep = self.controller.budgets(out.accept, req.key[slots], output_len, req.rounds[slots],
+                                           req.max_output[slots])
+            out.truncate(keep)
+            self.drafter.trim(ids, out.lengths)
+            req.expected[slots] = self.controller.last_expected_kept
+        req.sent[slots] = out.lengths
         # Verification outcomes the step reported to the drafter feed the policy's acceptance estimate too.
         totals = self.drafter.acceptance_totals()
         dd, dv, da = (now - seen for now, seen in zip(totals, self._seen_totals))
@@ -229,8 +262,53 @@ class DASProposer:
         for row, toks, k in zip(rows.tolist(), out.tokens.tolist(), out.lengths.tolist()):
             if k:
                 drafts[row] = toks[:k]
-        self._counters["speculation_seconds"] += time.perf_counter() - started
+        self._step_end = self._clock()
+        self._counters["speculation_seconds"] += self._step_end - started
         return drafts
+
+    def _start(self, req_id: str, prompt: np.ndarray) -> None:
+        """Start tracking a request: the drafter's live state, a slot in the per-request arrays, its ``max_tokens``
+        (the controller's cap on its remaining length) when vLLM knows it."""
+        self.drafter.start_request(req_id, prompt, problem_key=self._request_problem_key(req_id, prompt))
+        slot = self._free_slots.pop() if self._free_slots else len(self._slot_of)
+        self._req.ensure(slot + 1)
+        self._slot_of[req_id] = slot
+        request = getattr(self._runner, "requests", {}).get(req_id)
+        max_tokens = getattr(getattr(request, "sampling_params", None), "max_tokens", None)
+        self._req.reset(slot, self.drafter.problem_of(req_id),
+                        max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else self.max_model_len)
+
+    def _policy_budgets(self, keys: np.ndarray, output_len: np.ndarray, num_sampled: np.ndarray,
+                        num_running: int) -> np.ndarray:
+        """The length policy's budgets (long and promoted requests get more, all grow as the batch drains), with
+        its per-tier counters."""
+        pairs = list(zip(keys.tolist(), output_len.tolist()))
+        budgets = np.asarray(self.policy.budgets(pairs, num_running=num_running), dtype=np.int64).reshape(-1)
+        for (key, out_len), got in zip(pairs, num_sampled.tolist()):
+            tier = TIER_NAMES[self.policy.tier(key, out_len)]
+            self._counters[f"budget_tier_{tier}_rounds"] += 1
+            self._counters[f"budget_tier_{tier}_tokens"] += got
+        return budgets
+
+    def _observe_verification(self, slots: np.ndarray, num_sampled: np.ndarray, verified: np.ndarray, now: float,
+                              complete: bool) -> None:
+        """Tell the controller how its last kept drafts fared and, for the online cost fit, how long the step that
+        just ran took for how many tokens.
+
+        ``verified``: per row the draft tokens vLLM scheduled (-1: unknown, then the whole draft sent). The step's
+        tokens are known only when every row was seen before and none is a partial prefill (``complete``); the
+        interval is from the end of the last ``propose`` to ``now`` (forward pass, sampling, scheduling; not the
+        drafter's own time)."""
+        req = self._req
+        sent = req.sent[slots]
+        checked = np.where(verified >= 0, np.minimum(sent, verified), sent)
+        drafted = sent > 0
+        if drafted.any():
+            accepted = np.minimum(checked, num_sampled - 1)[drafted]
+            expected = (req.expected[slots] * checked / np.maximum(sent, 1))[drafted]
+            self.controller.observe_acceptance(float(expected.sum()), int(accepted.sum()))
+        if complete and self._step_end is not None and len(slots):
+            self.controller.observe_step(int(len(slots) + checked.sum()), 1000.0 * (now - self._step_end))
 
     def _verified_lengths(self, rows: np.ndarray) -> np.ndarray:
         """How many draft tokens vLLM scheduled (verified) per row this step: the scheduler trims a draft to the
@@ -279,7 +357,9 @@ class DASProposer:
         return key
 
     def _finish(self, req_id: str) -> None:
-        if self._key_of.pop(req_id, None) is not None:
+        slot = self._slot_of.pop(req_id, None)
+        if slot is not None:
+            self._free_slots.append(slot)
             self.drafter.stop_request(req_id)
 
     def stats(self) -> dict[str, Any]:
@@ -289,9 +369,11 @@ class DASProposer:
         ``rounds`` (propose calls), ``unattached_rounds`` (calls that proposed nothing
         because :meth:`attach` had not run), ``request_rounds``, ``drafts`` (non-empty drafts), ``draft_tokens``,
         ``accepted_tokens`` (as seen by the proposer: the final draft of each request is never observed),
-        ``speculation_seconds`` (time spent in :meth:`propose`), ``tier_<short|medium|long>_rounds`` and
-        ``tier_<...>_tokens`` (request-rounds and tokens emitted per round, by the request's length tier at that
-        round), ``policy_mode``, ``num_speculative_tokens``, ``history_problems``,
+        ``speculation_seconds`` (time spent in :meth:`propose`), ``budget_source`` (``"controller"`` or
+        ``"length_policy"``), ``policy_mode`` (``"controller"`` or the length policy's mode), ``budget_*``: the
+        budget source's diagnostics (controller: :meth:`BudgetController.stats` prefixed; length policy:
+        ``budget_tier_<short|medium|long>_rounds`` / ``_tokens``, request-rounds and tokens emitted by length tier),
+        ``budget_counters`` (which ``budget_*`` keys are cumulative), ``num_speculative_tokens``, ``history_problems``,
         ``history_appearances``, ``history_sequences``, ``history_tokens``, ``history_bytes`` (approximate),
         ``history_evicted_appearances``, ``active_requests``, ``calibration_tokens`` (verified draft tokens the drafter's
         acceptance calibration learned from), the drafter's live pool (``live_running_tokens``,
@@ -299,9 +381,18 @@ class DASProposer:
         ``DASDrafter.stats``), ``conversation_prompts`` / ``conversation_prompts_evicted`` (first prompts known for
         multi-turn keys, at most 65,536) and ``source_<name>`` (drafts won by each source).
         """
+        controlled = self.budget_source == "controller"
         out: dict[str, Any] = {"attached": self.attached, "num_speculative_tokens": self.num_speculative_tokens,
-                               "policy_mode": self.policy.config.mode, "engine_dtype": self.engine_dtype}
+                               "policy_mode": "controller" if controlled else self.policy.config.mode,
+                               "budget_source": self.budget_source, "engine_dtype": self.engine_dtype}
         out.update(self._counters)
+        # The budget source's diagnostics, by prefix; `budget_counters` names the cumulative ones (the trainer logs
+        # their per-step differences and the rest as they are).
+        if controlled:
+            out.update({f"budget_{k}": v for k, v in self.controller.stats().items()})
+            out["budget_counters"] = [f"budget_{k}" for k in BudgetController.COUNTERS]
+        else:
+            out["budget_counters"] = [k for k in self._counters if k.startswith("budget_")]
         d = self.drafter.stats()
         out.update(
             history_problems=d["problems"],
@@ -327,7 +418,8 @@ class DASProposer:
         """Drop the drafter's history and live requests (``DASDrafter.reset``). The requests tracked so far are
         forgotten here too: one still running is taken up again at its next round (the drafter catches up from the
         engine's token rows), and one that ended is not stopped twice."""
-        self._key_of.clear()
+        self._slot_of.clear()
+        self._free_slots.clear()
         self.drafter.reset()
         self._seen_totals = self.drafter.acceptance_totals()
 
@@ -335,3 +427,36 @@ class DASProposer:
         """Zero the proposer's counters (history is kept)."""
         for key in self._counters:
             self._counters[key] = 0.0 if key == "speculation_seconds" else 0
+        self.controller.reset_counters()
+
+
+class _RequestArrays:
+    """Per-request state the proposer keeps between engine steps, as arrays indexed by slot (vectorised per step).
+
+    ``key`` (``int64``: problem key), ``rounds`` (verification rounds so far), ``max_output`` (the request's
+    ``max_tokens``, else the model length), ``sent`` (draft tokens sent for verification last step), ``expected``
+    (``float64``: the controller's acceptance estimate for them). Grows by doubling; at most as many slots as
+    requests ever ran at once."""
+
+    def __init__(self, capacity: int) -> None:
+        self.key = np.zeros(capacity, np.int64)
+        self.rounds = np.zeros(capacity, np.int64)
+        self.max_output = np.zeros(capacity, np.int64)
+        self.sent = np.zeros(capacity, np.int64)
+        self.expected = np.zeros(capacity, np.float64)
+
+    def ensure(self, size: int) -> None:
+        if size > len(self.key):
+            cap = max(size, 2 * len(self.key))
+            for name in ("key", "rounds", "max_output", "sent", "expected"):
+                old = getattr(self, name)
+                new = np.zeros(cap, old.dtype)
+                new[: len(old)] = old
+                setattr(self, name, new)
+
+    def reset(self, slot: int, key: int, max_output: int) -> None:
+        self.key[slot] = key
+        self.rounds[slot] = -1  # the first step of a request is round 0
+        self.max_output[slot] = max_output
+        self.sent[slot] = 0
+        self.expected[slot] = 0.0

@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 from das_trl.drafter import DrafterConfig
+from das_trl.drafter.controller import ControllerConfig
 from das_trl.drafter.policy import LengthPolicyConfig
 from das_trl.drafter.digest import state_digest
 from das_trl.vllm.payload import DEFAULT_MAX_PAYLOAD_BYTES, PayloadError, decode_history_state, decode_rollouts
@@ -184,8 +185,10 @@ class DASWorkerExtension:
 
         Args:
             config_json: JSON object of :class:`~das_trl.drafter.DrafterConfig` fields ("" keeps the current config),
-                optionally with ``"length_policy"``: an object of
-                :class:`~das_trl.drafter.policy.LengthPolicyConfig` fields (per-round draft budgets).
+                optionally with ``"budget_controller"``: an object of
+                :class:`~das_trl.drafter.controller.ControllerConfig` fields (the default budget source), or
+                ``"length_policy"``: a non-empty object of :class:`~das_trl.drafter.policy.LengthPolicyConfig`
+                fields, which switches budgets to that policy (``tiers`` / ``cost`` / ``fixed``).
 
         Returns:
             ``{"ok": True, "stats": {...}}``, or ``{"ok": False, "error": ...}`` when the engine was not started with
@@ -199,14 +202,19 @@ class DASWorkerExtension:
                 f"this engine does not run the DAS drafter (speculative_config={spec!r}); start it with "
                 f"speculative_config={{'method': 'custom_class', 'model': '{PROPOSER_QUALNAME}', ...}}"
             )
-        config = policy = None
+        config = policy = controller = None
         if config_json:
             try:
                 fields = json.loads(config_json)
                 if not isinstance(fields, dict):
                     raise ValueError("expected a JSON object")
                 policy_fields = fields.pop("length_policy", None)
-                if policy_fields is not None:
+                controller_fields = fields.pop("budget_controller", None)
+                if controller_fields is not None:
+                    if not isinstance(controller_fields, dict):
+                        raise ValueError("budget_controller must be a JSON object of ControllerConfig fields")
+                    controller = ControllerConfig(**controller_fields)
+                if policy_fields:  # {} keeps the current budget source
                     if not isinstance(policy_fields, dict):
                         raise ValueError("length_policy must be a JSON object of LengthPolicyConfig fields")
                     policy = LengthPolicyConfig(**(proposer.policy.config.to_dict() | policy_fields))
@@ -215,7 +223,7 @@ class DASWorkerExtension:
             except (ValueError, TypeError) as exc:
                 return _error(f"invalid drafter config {config_json!r}: {exc}")
         try:
-            proposer.attach(self.model_runner, config, policy)
+            proposer.attach(self.model_runner, config, policy, controller)
         except (ValueError, TypeError) as exc:
             return _error(str(exc))
         return {"ok": True, "stats": proposer.stats(), "parallel": parallel_layout(self.vllm_config)}

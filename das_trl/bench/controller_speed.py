@@ -1,0 +1,59 @@
+"""Cost of one :meth:`BudgetController.budgets` call (the per-engine-step controller) on this machine.
+
+It runs on the engine's critical path once per step, after drafting, so its time adds to every step. Synthetic
+inputs: ``--problems`` problems with 64 history lengths each, a batch of ``--batch`` rows from them, drafts of
+width ``--k`` with decaying acceptance estimates. Reports the median and p90 over ``--repeats`` calls, per call and
+per row.
+
+CLI::
+
+    das-trl bench controller-speed [--batch 64,256,1024] [--k 16] [--problems 2000] [--repeats 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Sequence
+
+import numpy as np
+
+from das_trl.drafter.controller import BudgetController, ControllerConfig
+
+
+def measure(batch: int, k: int, problems: int, repeats: int, seed: int = 0) -> dict:
+    """Median / p90 time (ms) of one ``budgets`` call for ``batch`` rows."""
+    rng = np.random.default_rng(seed)
+    ctl = BudgetController(ControllerConfig(cost_source="config"))
+    for key in range(problems):
+        ctl.observe(key, rng.integers(50, 2000, 64).tolist())
+    keys = rng.integers(0, problems, batch)
+    out_len = rng.integers(0, 1500, batch)
+    rounds = out_len // 2
+    acc = np.sort(rng.random((batch, k)), axis=1)[:, ::-1].copy()
+    ctl.budgets(acc, keys, out_len, rounds)  # builds the length table once
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        ctl.budgets(acc, keys, out_len, rounds, np.full(batch, 2048))
+        times.append(1000.0 * (time.perf_counter() - t0))
+    med, p90 = float(np.median(times)), float(np.quantile(times, 0.9))
+    return {"batch": batch, "k": k, "median_ms": med, "p90_ms": p90, "us_per_row": 1000.0 * med / batch}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="das-trl bench controller-speed", description=__doc__.split("\n\n")[0])
+    p.add_argument("--batch", default="64,256,1024")
+    p.add_argument("--k", type=int, default=16)
+    p.add_argument("--problems", type=int, default=2000)
+    p.add_argument("--repeats", type=int, default=200)
+    args = p.parse_args(argv)
+    for b in (int(x) for x in args.batch.split(",")):
+        r = measure(b, args.k, args.problems, args.repeats)
+        print(f"batch {r['batch']:>5}  K {r['k']:>3}  median {r['median_ms']:.3f} ms  p90 {r['p90_ms']:.3f} ms  "
+              f"({r['us_per_row']:.2f} us per row)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

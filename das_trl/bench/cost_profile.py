@@ -1,0 +1,108 @@
+"""Measure the forward-pass cost model ``t(T) = c_base + c_tok * T`` on this device, with the model at hand.
+
+A decode/verification step runs ``B`` requests with ``q`` new tokens each (1 sampled + ``q - 1`` draft tokens) over
+their KV caches: ``T = B * q`` tokens in the pass. This bench times exactly that at the torch level (transformers,
+``past_key_values``, the cache cropped back after every pass so the context length stays ``--context``) over a grid
+of ``B`` and ``q``, fits ``c_base`` and ``c_tok`` by least squares, and prints the ``das_budget_controller`` values
+to use. It measures the device it runs on: on a CPU it measures the CPU (right for the CPU engine, which is
+compute-bound, so ``c_tok`` is large), on a GPU the GPU. It does not run vLLM's kernels, CUDA graphs or scheduler,
+so a live engine's step times differ; the proposer's online fit (``cost_source="online"``) measures those.
+
+CLI::
+
+    das-trl bench cost-profile [--model PATH] [--batch 1,4,16,64] [--query 1,4,8,16] [--context 256]
+        [--repeats 5] [--device cpu|cuda] [--dtype float32] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Sequence
+
+from das_trl.drafter.cost_model import fit_linear
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="das-trl bench cost-profile", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None, help="model path or hub name (default: the embedded SmolLM2-135M)")
+    p.add_argument("--batch", default="1,4,16,64", help="comma-separated requests per pass (B)")
+    p.add_argument("--query", default="1,4,8,16", help="comma-separated tokens per request per pass (q = 1 + draft)")
+    p.add_argument("--context", type=int, default=256, help="KV-cache length per request before the pass (tokens)")
+    p.add_argument("--repeats", type=int, default=5, help="timed passes per grid point (the median is kept)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--dtype", default=None, help="float32 / bfloat16 / float16 (default: float32 on CPU, bfloat16 "
+                                                 "on GPU)")
+    p.add_argument("--json", default=None, help="write the measurements and the fit to this JSON file")
+    return p.parse_args(argv)
+
+
+def measure(model, batch_sizes: Sequence[int], queries: Sequence[int], context: int, repeats: int,
+            device: str) -> list[dict]:
+    """Median time (ms) of one pass per ``(B, q)``: ``[{"batch", "query", "tokens", "ms"}]``."""
+    import torch
+    from transformers import DynamicCache
+
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    vocab = int(model.config.vocab_size)
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for b in batch_sizes:
+        ctx = torch.randint(0, vocab, (b, context), generator=gen).to(device)
+        with torch.inference_mode():
+            cache = DynamicCache()
+            model(input_ids=ctx, past_key_values=cache, use_cache=True)
+            for q in queries:
+                new = torch.randint(0, vocab, (b, q), generator=gen).to(device)
+                pos = torch.arange(context, context + q, device=device).expand(b, q)
+                times = []
+                for rep in range(repeats + 1):  # the first pass warms up
+                    sync()
+                    t0 = time.perf_counter()
+                    model(input_ids=new, past_key_values=cache, position_ids=pos, use_cache=True)
+                    sync()
+                    if rep:
+                        times.append(1000.0 * (time.perf_counter() - t0))
+                    cache.crop(-q)  # back to `context` tokens
+                rows.append({"batch": b, "query": q, "tokens": b * q, "ms": statistics.median(times)})
+                print(f"  B={b:>4} q={q:>3} tokens={b * q:>6}  {rows[-1]['ms']:8.2f} ms", flush=True)
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = getattr(torch, args.dtype or ("float32" if device == "cpu" else "bfloat16"))
+    model_path = args.model
+    if model_path is None:
+        from das_trl.defaults.model import prepare_default_model
+        model_path = prepare_default_model()
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device).eval()
+    batches = [int(x) for x in args.batch.split(",")]
+    queries = [int(x) for x in args.query.split(",")]
+    print(f"cost profile of {model_path} on {device} ({dtype}), context {args.context} tokens, "
+          f"threads {torch.get_num_threads()}")
+    rows = measure(model, batches, queries, args.context, args.repeats, device)
+    base, tok, r2 = fit_linear([r["tokens"] for r in rows], [r["ms"] for r in rows])
+    print(f"fit: t(T) = {base:.3f} ms + {tok:.5f} ms/token * T   (r2 {r2:.3f}; {len(rows)} points)")
+    print(f"use: das_budget_controller={{\"c_base_ms\": {max(base, 1e-3):.3f}, \"c_tok_ms\": {max(tok, 1e-6):.5f}, "
+          f"\"cost_source\": \"config\"}}")
+    if base <= 0 or tok <= 0:
+        print("warning: a fitted coefficient is <= 0 (noise, or a flat regime): measure a wider --batch/--query grid")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({"model": str(model_path), "device": device, "dtype": str(dtype),
+                                               "context": args.context, "points": rows, "c_base_ms": base,
+                                               "c_tok_ms": tok, "r2": r2}, indent=2))
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,122 @@
+"""Per-problem completion lengths as dense arrays, gathered per batch row for the budget controller.
+
+The controller needs, for every running request, the lengths its problem's recent completions reached (the windowed
+history) to estimate how much longer the request will run. This table keeps the last ``max_lengths`` lengths of each
+problem and serves a whole step's rows with one vectorised lookup (``np.searchsorted`` over the sorted problem keys),
+so the per-step path has no per-request Python loop and no dictionary inside the controller.
+
+numpy and the standard library only.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Sequence
+
+import numpy as np
+
+#: Padding value of :meth:`LengthTable.gather` rows (below every real length, so ``row > generated`` skips it).
+PAD = -1.0
+
+
+class LengthTable:
+    """Recent completion lengths (tokens) per problem, plus a pooled quantile table over all problems.
+
+    Args:
+        max_lengths: lengths kept per problem, most recent (int >= 1); older ones drop out as new ones arrive.
+        global_quantiles: size of the pooled table used for problems without history (int >= 2).
+
+    Not thread-safe (the proposer / replay serialises calls).
+    """
+
+    def __init__(self, max_lengths: int = 64, global_quantiles: int = 64) -> None:
+        if max_lengths < 1 or global_quantiles < 2:
+            raise ValueError(f"LengthTable: need max_lengths >= 1 and global_quantiles >= 2, got {max_lengths}, "
+                             f"{global_quantiles}")
+        self.max_lengths = int(max_lengths)
+        self.global_quantiles = int(global_quantiles)
+        self._lengths: dict[int, deque] = {}
+        self._dirty = True
+        self._keys = np.zeros(0, np.int64)
+        self._table = np.zeros((0, self.max_lengths), np.float64)
+        self._counts = np.zeros(0, np.int64)
+        self._global = np.zeros(0, np.float64)
+
+    def __len__(self) -> int:
+        return len(self._lengths)
+
+    def observe(self, problem_key: int, lengths: Sequence[int]) -> None:
+        """Add one appearance's completion lengths (tokens; zeros ignored) of a problem.
+
+        Raises:
+            ValueError: ``problem_key`` not an int in ``[0, 2**63)`` or a negative length.
+        """
+        key = int(problem_key)
+        if not 0 <= key < 2**63:
+            raise ValueError(f"LengthTable.observe: problem_key must be in [0, 2**63), got {problem_key!r}")
+        arr = np.asarray(lengths, dtype=np.int64).reshape(-1)
+        if arr.size and int(arr.min()) < 0:
+            raise ValueError(f"LengthTable.observe: lengths must be >= 0, got min {int(arr.min())}")
+        arr = arr[arr > 0]
+        if not arr.size:
+            return
+        dq = self._lengths.get(key)
+        if dq is None:
+            dq = self._lengths[key] = deque(maxlen=self.max_lengths)
+        dq.extend(arr.tolist())
+        self._dirty = True
+
+    def lengths(self, problem_key: int) -> np.ndarray:
+        """The kept lengths of a problem (``int64``, oldest first; empty if unknown)."""
+        dq = self._lengths.get(int(problem_key))
+        return np.fromiter(dq, np.int64) if dq else np.zeros(0, np.int64)
+
+    def _rebuild(self) -> None:
+        keys = np.fromiter(self._lengths.keys(), np.int64, len(self._lengths))
+        order = np.argsort(keys)
+        self._keys = keys[order]
+        w = self.max_lengths
+        table = np.full((len(keys), w), PAD, np.float64)
+        counts = np.zeros(len(keys), np.int64)
+        items = list(self._lengths.values())
+        for row, j in enumerate(order.tolist()):  # once per history push, not per engine step
+            vals = np.sort(np.fromiter(items[j], np.float64))
+            table[row, w - len(vals):] = vals  # ascending, padding first
+            counts[row] = len(vals)
+        self._table, self._counts = table, counts
+        pooled = table[table > PAD]
+        if pooled.size:
+            q = np.linspace(0.0, 1.0, self.global_quantiles)
+            self._global = np.quantile(pooled, q)
+        else:
+            self._global = np.zeros(0, np.float64)
+        self._dirty = False
+
+    def gather(self, problem_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each row's problem lengths.
+
+        Args:
+            problem_keys: ``int64 [n]`` (or any integer array) problem key per row.
+
+        Returns:
+            ``(table, counts, pooled)``: ``float64 [n, max_lengths]`` lengths sorted ascending per row, the row's
+            ``counts[i]`` lengths in its last columns and :data:`PAD` before them (all :data:`PAD` for an unknown
+            problem); ``int64 [n]`` counts; ``float64 [global_quantiles]`` ascending quantiles of all problems' kept
+            lengths pooled (empty before any history), the fallback for unknown problems.
+        """
+        if self._dirty:
+            self._rebuild()
+        keys = np.asarray(problem_keys, dtype=np.int64).reshape(-1)
+        n = len(keys)
+        if not len(self._keys):
+            return np.full((n, self.max_lengths), PAD), np.zeros(n, np.int64), self._global
+        pos = np.minimum(np.searchsorted(self._keys, keys), len(self._keys) - 1)
+        hit = self._keys[pos] == keys
+        table = self._table[pos]
+        table[~hit] = PAD
+        counts = np.where(hit, self._counts[pos], 0)
+        return table, counts, self._global
+
+    def stats(self) -> dict:
+        """``problems`` known and ``lengths`` kept (all problems)."""
+        return {"problems": len(self._lengths), "lengths": int(sum(len(d) for d in self._lengths.values()))}

@@ -1,0 +1,102 @@
+"""The live proposer's default budget source is the batch budget controller: every row is drafted up to its hard cap,
+the controller's budgets cut the drafts, the cut length is what gets reported as verified, the controller's
+diagnostics come up through stats() by prefix, and its online cost fit sees the engine's step times and token
+counts. Fast: real DASWorkerExtension + DASProposer + DASDrafter behind a fake model runner (``reliability_fakes``)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from reliability_fakes import K, FakeWorker, push_long_and_short_history, run_round
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(0)
+
+
+def _setup(rng, controller: dict | None = None):
+    worker = FakeWorker()
+    assert worker.das_attach(json.dumps({} if controller is None else {"budget_controller": controller}))["ok"]
+    prompts, texts = push_long_and_short_history(worker, rng)
+    return worker, prompts, texts
+
+
+_round = run_round
+
+
+def test_controller_is_the_default_and_its_budgets_cut_the_drafts(rng, monkeypatch):
+    worker, prompts, texts = _setup(rng)
+    proposer = worker.proposer
+    assert proposer.stats()["budget_source"] == "controller"
+    rows = [("a", 0, 5), ("b", 3, 5)]
+    _round(worker, prompts, texts, rows)
+    seen = {}
+
+    real = proposer.controller.budgets
+
+    def fixed_budgets(accept, problem_keys, output_len, num_rounds=None, *args):
+        seen.update(accept=accept.copy(), output_len=np.asarray(output_len).copy(), rounds=np.asarray(num_rounds))
+        real(accept, problem_keys, output_len, num_rounds, *args)
+        return np.array([3, 0], np.int32)
+
+    monkeypatch.setattr(proposer.controller, "budgets", fixed_budgets)
+    drafts = _round(worker, prompts, texts, [("a", 0, 6), ("b", 3, 6)])
+    assert (seen["accept"][:, 0] > 0).all()  # both rows were drafted before the controller chose
+    assert seen["output_len"].tolist() == [6, 6] and seen["rounds"].tolist() == [1, 1]
+    assert drafts == [texts[0][6:9], []]
+    # Next round: row "a" verified 3 tokens, accepted 2. Only the 3 verified tokens reach the calibration.
+    before = proposer.drafter.stats()["calibration_tokens"]
+    worker.model_runner.set_rows([("a", prompts[0], texts[0][:9]), ("b", prompts[3], texts[3][:7])])
+    worker.model_runner.step([texts[0][6:9], [texts[3][6]]])
+    assert proposer.drafter.stats()["calibration_tokens"] - before == 3
+    assert proposer.stats()["accepted_tokens"] == 2
+
+
+def test_only_the_request_that_will_finish_last_drafts_when_tokens_are_expensive(rng):
+    # Trust the lengths (no shrinkage towards "anyone may be last", no pooled lengths): the 40-token problem's
+    # request cannot be last, so at 0.5 ms per verified token it drafts nothing; the 200-token problem's request
+    # will be, and drafts its whole hard cap (K).
+    worker, prompts, texts = _setup(rng, {"cost_source": "config", "c_tok_ms": 0.5, "tail_prior_weight": 0.0,
+                                          "pooled_weight": 0.0})
+    rows = [("long", 0, 5), ("short", 3, 5)]
+    _round(worker, prompts, texts, rows)
+    drafts = _round(worker, prompts, texts, [(r, i, n + 1) for r, i, n in rows])
+    assert drafts[0] == texts[0][6:6 + K]
+    assert drafts[1] == []
+    s = worker.proposer.stats()
+    assert s["budget_steps"] == 2 and s["budget_rows"] == 4
+    assert s["budget_kept_tokens"] == s["draft_tokens"] == 2 * K
+    assert s["budget_offered_tokens"] > s["budget_kept_tokens"]  # the short request had a draft, cut to 0
+    assert s["policy_mode"] == "controller" and "budget_kept_tokens" in s["budget_counters"]
+    assert s["budget_c_base_ms"] == 7.0 and s["budget_cost_online"] == 0
+
+
+def test_online_cost_fit_sees_step_times_and_tokens(rng, monkeypatch):
+    worker, prompts, texts = _setup(rng, {"cost_source": "online", "fit_min_steps": 8, "fit_min_r2": 0.9})
+    proposer = worker.proposer
+    clock = {"now": 100.0}
+    proposer._clock = lambda: clock["now"]
+    step = {"i": 0}
+    real = proposer.controller.budgets
+
+    def varied(accept, *args, **kwargs):  # vary the draft lengths so the token counts spread
+        real(accept, *args, **kwargs)
+        step["i"] += 1
+        return np.array([step["i"] % (K + 1), (3 * step["i"]) % (K + 1), 1], np.int32)
+
+    monkeypatch.setattr(proposer.controller, "budgets", varied)
+    n = 3
+    pos = [5] * n
+    drafts = _round(worker, prompts, texts, [(f"r{i}", i, pos[i]) for i in range(n)])  # first sight: prefill step
+    for _ in range(12):
+        # The step the engine now runs verifies 1 + len(draft) tokens per row; make it take 2 + 0.5 * tokens ms.
+        tokens = sum(1 + len(d) for d in drafts)
+        clock["now"] += (2.0 + 0.5 * tokens) / 1000.0
+        pos = [p + 1 for p in pos]  # every draft rejected: one token per round (same row set, no prefill)
+        drafts = _round(worker, prompts, texts, [(f"r{i}", i, pos[i]) for i in range(n)])
+    s = proposer.stats()
+    assert s["budget_fit_steps"] == 12  # the first (prefill) step is not counted: its tokens are unknown
+    assert s["budget_fit_c_base_ms"] == pytest.approx(2.0) and s["budget_fit_c_tok_ms"] == pytest.approx(0.5)
+    assert s["budget_cost_online"] == 1 and s["budget_c_tok_ms"] == pytest.approx(0.5)

@@ -1,0 +1,79 @@
+"""The replay suite (das-trl bench suite) on small synthetic sets: it finds *.jsonl and *.jsonl.gz files, replays
+every one (and an early appearance where asked), re-costs cost-independent drafters per cost model, and writes the
+table, JSON and one PNG per set and cost model. No vLLM engine."""
+
+import gzip
+import json
+import shutil
+
+import pytest
+
+from das_trl.bench import suite
+from das_trl.bench.replay import load_epochs, make_drafter, simulate, split_epochs
+from das_trl.drafter.rollout_log import append_records, read_records
+from test_replay import _records
+
+
+@pytest.fixture
+def sets(tmp_path):
+    folder = tmp_path / "sets"
+    plain = folder / "synthetic.jsonl"
+    append_records(plain, _records(lambda e: 100 + e, epochs=4))
+    with plain.open("rb") as src, gzip.open(folder / "packed.jsonl.gz", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    (folder / "notes.txt").write_text("not a rollout file")
+    return folder
+
+
+def test_gzip_sets_read_like_plain_ones(sets):
+    assert [r.completion_ids for r in read_records(sets / "packed.jsonl.gz")] == \
+        [r.completion_ids for r in read_records(sets / "synthetic.jsonl")]
+    assert [p.name for p in suite.find_sets([sets])] == ["packed.jsonl.gz", "synthetic.jsonl"]
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        suite.find_sets([sets.parent / "missing"])
+    (sets.parent / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="no \\*.jsonl"):
+        suite.find_sets([sets.parent / "empty"])
+
+
+def test_suite_table_json_and_plots(sets, tmp_path, capsys):
+    out = tmp_path / "suite.json"
+    rc = suite.main(["--sets", str(sets), "--c-tok", "0.025", "0.1", "--early-appearance", "1",
+                     "--drafters", "none,suffix,das+policy,das+controller", "--json", str(out),
+                     "--plots", str(tmp_path / "plots")])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "before = das+policy" in text and "synthetic@1" in text
+    payload = json.loads(out.read_text())
+    names = [p["name"] for p in payload["points"]]
+    assert names == ["packed@1", "packed", "synthetic@1", "synthetic"]
+    point = payload["points"][-1]
+    for c_tok in ("0.025", "0.1"):
+        rat = point["by_c_tok"][c_tok]["ratios"]
+        assert rat["none"]["tail_vs_none"] == 1.0 and rat["suffix"]["tpr_vs_suffix"] == 1.0
+        assert min(rat["none"]["time_vs_best"], rat["suffix"]["time_vs_best"]) == pytest.approx(1.0)
+        assert rat["das+controller"]["us_per_round"] > 0
+    assert len(list((tmp_path / "plots").glob("*.png"))) == 4 * 2
+
+
+def test_recosting_equals_a_replay_under_that_cost_model(sets):
+    train, evals, _, _ = split_epochs(load_epochs(sets / "synthetic.jsonl"), None, None)
+    cheap = simulate(make_drafter("suffix"), train, evals, 7.0, 0.025)
+    dear = simulate(make_drafter("suffix"), train, evals, 5.0, 0.1)
+    assert cheap.time_at(5.0, 0.1) == pytest.approx(dear.sim_time_ms)
+
+
+def test_cache_reuses_cost_independent_results(sets, tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    args = ["--sets", str(sets / "synthetic.jsonl"), "--drafters", "none,suffix,das+controller", "--cache", str(cache),
+            "--json", str(tmp_path / "a.json")]
+    assert suite.main(args) == 0
+    assert sorted(p.name.split("-")[2] for p in cache.glob("*.json")) == ["none", "suffix"]
+    calls = []
+    real = suite.simulate
+    monkeypatch.setattr(suite, "simulate", lambda d, *a, **k: calls.append(d.name) or real(d, *a, **k))
+    assert suite.main(args[:-1] + [str(tmp_path / "b.json")]) == 0
+    assert calls == ["das+controller"]  # none and suffix came from the cache
+    a, b = (json.loads((tmp_path / f).read_text())["points"][0]["by_c_tok"]["0.025"]["ratios"] for f in
+            ("a.json", "b.json"))
+    assert a["suffix"]["time_ms"] == b["suffix"]["time_ms"] and a["none"]["tail"] == b["none"]["tail"]
