@@ -259,9 +259,8 @@ class DASProposer:
         self._counters["drafts"] += int(np.count_nonzero(out.lengths))
         self._counters["draft_tokens"] += int(out.lengths.sum())
         drafts: list[list[int]] = [[] for _ in range(n)]
-        for row, toks, k in zip(rows.tolist(), out.tokens.tolist(), out.lengths.tolist()):
-            if k:
-                drafts[row] = toks[:k]
+        for i in np.flatnonzero(out.lengths).tolist():  # only rows with a draft become Python lists
+            drafts[int(rows[i])] = out.tokens[i, : out.lengths[i]].tolist()
         self._step_end = self._clock()
         self._counters["speculation_seconds"] += self._step_end - started
         return drafts
