@@ -384,7 +384,8 @@ class DASProposer:
         out: dict[str, Any] = {"attached": self.attached, "num_speculative_tokens": self.num_speculative_tokens,
                                "policy_mode": "controller" if controlled else self.policy.config.mode,
                                "budget_source": self.budget_source, "engine_dtype": self.engine_dtype}
-        out.update(self._counters)
+        # The tier counters belong to the length policy: left out while the controller sets the budgets.
+        out.update({k: v for k, v in self._counters.items() if not (controlled and k.startswith("budget_tier_"))})
         # The budget source's diagnostics, by prefix; `budget_counters` names the cumulative ones (the trainer logs
         # their per-step differences and the rest as they are).
         if controlled:
