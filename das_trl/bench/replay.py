@@ -184,7 +184,12 @@ class SuffixDrafter(Drafter):
 
 class DASReplayDrafter(Drafter):
     """The DAS drafter (``create_drafter``: the native core unless ``backend="python"``) fed one ``add_rollouts`` per
-    history epoch (one appearance per problem), optional length policy; one ``propose_batch`` per engine step."""
+    history epoch (one appearance per problem), optional length policy.
+
+    Driven as the engine's proposer drives it: one ``step`` call per engine step for all running requests, which
+    reports the previous drafts' verification (accepted = tokens gained - 1), appends the tokens gained (read in
+    place from a token matrix, as from vLLM's ``token_ids_cpu``) and drafts. Each request's matrix row holds its
+    prompt and whole recorded completion; ``num_tokens`` says how much of it has been generated."""
 
     def __init__(self, name: str, config: _DrafterConfig, policy: LengthPolicy | None = None,
                  fixed_budget: int = 16) -> None:
@@ -192,7 +197,13 @@ class DASReplayDrafter(Drafter):
         self.d = create_drafter(config)
         self.policy = policy
         self.fixed_budget = fixed_budget
-        self.context_tail = self.d.config.match_context_tokens
+        self.context_tail = 0  # the drafter holds every request's text: no context copies
+        self._texts: list[np.ndarray] = []
+        self._row: dict[str, int] = {}
+        self._prompt_len: dict[str, int] = {}
+        self._gained: dict[str, int] = {}
+        self._pos: dict[str, int] = {}
+        self._matrix: np.ndarray | None = None
 
     def prepare(self, train_epochs):
         for recs in train_epochs:
@@ -201,6 +212,7 @@ class DASReplayDrafter(Drafter):
     def end_step(self, records):
         self.d.add_rollouts([r.prompt_ids for r in records], [r.completion_ids for r in records],
                             problem_keys=[r.problem_key for r in records])
+        self._texts, self._row, self._matrix = [], {}, None
         if self.policy is not None:
             lens: dict[int, list[int]] = defaultdict(list)
             for r in records:
@@ -211,12 +223,25 @@ class DASReplayDrafter(Drafter):
 
     def start(self, rid, rec):
         self.d.start_request(rid, rec.prompt_ids, problem_key=rec.problem_key)
+        self._row[rid] = len(self._texts)
+        self._texts.append(np.concatenate([np.asarray(rec.prompt_ids, np.int32),
+                                           np.asarray(rec.completion_ids, np.int32)]))
+        self._prompt_len[rid] = len(rec.prompt_ids)
+        self._gained[rid] = 0
+        self._pos[rid] = 0
+        self._matrix = None
 
     def extend(self, rid, tokens):
-        self.d.extend_request(rid, tokens)
+        self._gained[rid] = len(tokens)  # handed to the drafter by the next step call
+        self._pos[rid] += len(tokens)
 
     def stop(self, rid):
+        # The engine's proposer still sees a finishing request's last step (its tokens and verification) before it
+        # leaves the batch: the same here, with no draft.
+        if self._gained.get(rid):
+            self._step([(rid, None, self._pos[rid], 0)], [0])
         self.d.stop_request(rid)
+        self._gained.pop(rid, None)
 
     def budgets(self, running):
         if self.policy is None:
@@ -226,22 +251,36 @@ class DASReplayDrafter(Drafter):
     def propose(self, rid, context, budget):
         return self.d.propose(rid, context, budget)
 
+    def _step(self, running, max_tokens):
+        """One drafter ``step`` for the running requests with per-row budgets ``max_tokens``."""
+        if self._matrix is None:  # all of a batch's requests start before its first step
+            width = max(len(t) for t in self._texts)
+            self._matrix = np.zeros((len(self._texts), width), np.int32)
+            for i, t in enumerate(self._texts):
+                self._matrix[i, : len(t)] = t
+        n = len(running)
+        rids = [rid for rid, _, _, _ in running]
+        rows = np.fromiter((self._row[r] for r in rids), np.int64, n)
+        num_prompt = np.fromiter((self._prompt_len[r] for r in rids), np.int64, n)
+        num_tokens = num_prompt + np.fromiter((pos for _, _, pos, _ in running), np.int64, n)
+        gained = np.fromiter((self._gained[r] for r in rids), np.int64, n)
+        return rids, self.d.step(rids, self._matrix, rows, num_tokens, num_prompt, gained, np.full(n, -1),
+                                 np.asarray(max_tokens, np.int64))
+
     def draft_step(self, running, contexts):
-        # One batched call, as the engine's proposer makes it (the drafter holds every request's own text).
-        budgets = self.budgets([(rid, rec, pos) for rid, rec, pos, _ in running])
-        return self.d.propose_batch([rid for rid, _, _, _ in running], np.asarray(budgets, np.int64)).as_lists()
+        _, batch = self._step(running, self.budgets([(rid, rec, pos) for rid, rec, pos, _ in running]))
+        return batch.as_lists()
 
     def feedback(self, rid, drafted, accepted):
-        if drafted:
-            self.d.record_acceptance(rid, accepted, num_verified=drafted)
+        # The drafter learns the outcome from the next step call (tokens gained); the policy learns it here.
         if self.policy is not None:
             self.policy.record_acceptance(drafted, accepted)
 
 
 class DASControllerDrafter(DASReplayDrafter):
-    """DASDrafter + :class:`~das_trl.drafter.controller.BudgetController`, as the live proposer runs them: each step
-    drafts every running request up to the hard cap (``propose_batch``), the controller picks how many tokens of
-    each draft to verify, the drafts are cut to that, and the verified (cut) length is reported back."""
+    """The DAS drafter + :class:`~das_trl.drafter.controller.BudgetController`, as the live proposer runs them: each
+    step drafts every running request up to the hard cap (``step``), the controller picks how many tokens of each
+    draft to verify, the drafts are cut to that, and the drafter is told the cut length (``trim``)."""
 
     def __init__(self, name: str, config: _DrafterConfig, controller: ControllerConfig) -> None:
         super().__init__(name, config)
@@ -265,13 +304,13 @@ class DASControllerDrafter(DASReplayDrafter):
 
     def draft_step(self, running, contexts):
         n = len(running)
-        rids = [rid for rid, _, _, _ in running]
-        batch = self.d.propose_batch(rids, np.full(n, self.d.config.max_spec_tokens), None)
+        rids, batch = self._step(running, np.full(n, self.d.config.max_spec_tokens))
         keys = np.fromiter((rec.problem_key for _, rec, _, _ in running), np.int64, n)
         out_len = np.fromiter((pos for _, _, pos, _ in running), np.int64, n)
         rounds = np.fromiter((r for _, _, _, r in running), np.int64, n)
         max_out = None if self.max_output is None else np.full(n, self.max_output)
         batch.truncate(self.controller.budgets(batch.accept, keys, out_len, rounds, max_out))
+        self.d.trim(rids, batch.lengths)
         self._expected.update(zip(rids, self.controller.last_expected_kept.tolist()))
         return batch.as_lists()
 
@@ -405,11 +444,14 @@ def _replay_batch(drafter: Drafter, eval_records: list[RolloutRecord], prefix: s
     tail = drafter.context_tail
     while running:
         trace.append((t_ms, len(running)))
-        t0 = time.perf_counter()
         # The engine does not know where a completion will end: drafts may run past it (those tokens are verified
-        # and wasted, as in vLLM).
-        contexts = [np.asarray(ctx[i] if tail is None else ctx[i][-tail:], dtype=np.int32) for i in running]
-        drafts = drafter.draft_step([(rids[i], eval_records[i], pos[i], passes[i]) for i in running], contexts)
+        # and wasted, as in vLLM). The contexts are built outside the timed call: an engine holds them in place
+        # (vLLM's token_ids_cpu), so copying them here is the replay's cost, not the drafter's.
+        contexts = [np.asarray(ctx[i] if tail is None else ctx[i][-tail:] if tail else (), dtype=np.int32)
+                    for i in running]
+        step_rows = [(rids[i], eval_records[i], pos[i], passes[i]) for i in running]
+        t0 = time.perf_counter()
+        drafts = drafter.draft_step(step_rows, contexts)
         t_drafter += time.perf_counter() - t0
         step_tokens = 0
         still = []
