@@ -6,6 +6,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include "controller.h"
 #include "drafter.h"
 
 namespace nb = nanobind;
@@ -247,4 +248,46 @@ NB_MODULE(_das_native, m) {
            })
       .def("calibration_ratio", &das::Drafter::calibration_ratio, "source"_a, "bucket"_a, "bin"_a)
       .def("check", &das::Drafter::check);
+
+  m.def(
+      "controller_budgets",
+      [](nb::ndarray<const double, nb::ndim<2>, nb::c_contig, nb::device::cpu> accept,
+         nb::ndarray<const double, nb::ndim<2>, nb::c_contig, nb::device::cpu> table, In1<double> pooled,
+         In1<double> generated, In1<double> cap, In1<double> tau_obs,
+         nb::ndarray<const double, nb::ndim<3>, nb::c_contig, nb::device::cpu> draws, const nb::dict& params,
+         Out1<int32_t> lengths, Out1<double> value, Out1<double> p, Out1<double> expected_kept,
+         Out1<double> rem_mean) {
+        const size_t n = accept.shape(0);
+        for (auto [name, got] : {std::pair<const char*, size_t>{"table", table.shape(0)},
+                                 {"generated", generated.shape(0)}, {"cap", cap.shape(0)},
+                                 {"tau_obs", tau_obs.shape(0)}, {"draws", draws.shape(1)},
+                                 {"lengths", lengths.shape(0)}, {"value", value.shape(0)}, {"p", p.shape(0)},
+                                 {"expected_kept", expected_kept.shape(0)}, {"rem_mean", rem_mean.shape(0)}})
+          need_rows(name, got, n);
+        if (draws.shape(0) != 4) throw das::InputError("draws must be [4, n, samples]");
+        if (n && table.shape(1) == 0) throw das::InputError("table needs at least one column");
+        if (draws.shape(2) == 0) throw das::InputError("draws needs at least one sample");
+        das::ControllerParams prm;
+        prm.ratio = get<double>(params, "ratio", prm.ratio);
+        prm.tail_prior_weight = get<double>(params, "tail_prior_weight", prm.tail_prior_weight);
+        prm.c_base_ms = get<double>(params, "c_base_ms", prm.c_base_ms);
+        prm.c_tok_ms = get<double>(params, "c_tok_ms", prm.c_tok_ms);
+        prm.draft_margin = get<double>(params, "draft_margin", prm.draft_margin);
+        prm.pooled_weight = get<double>(params, "pooled_weight", prm.pooled_weight);
+        prm.jitter = get<double>(params, "length_jitter", prm.jitter);
+        prm.extrapolation_fraction = get<double>(params, "extrapolation_fraction", prm.extrapolation_fraction);
+        prm.min_remaining = get<double>(params, "min_remaining", prm.min_remaining);
+        prm.bins = get<int>(params, "bins", prm.bins);
+        if (prm.bins < 1) throw das::InputError("bins must be >= 1");
+        nb::gil_scoped_release nogil;
+        return das::controller_budgets(
+            static_cast<int64_t>(n), static_cast<int64_t>(accept.shape(1)), accept.data(),
+            static_cast<int64_t>(table.shape(1)), table.data(), static_cast<int64_t>(pooled.shape(0)), pooled.data(),
+            generated.data(), cap.data(), tau_obs.data(), static_cast<int64_t>(draws.shape(2)), draws.data(), prm,
+            lengths.data(), value.data(), p.data(), expected_kept.data(), rem_mean.data());
+      },
+      "accept"_a, "table"_a, "pooled"_a, "generated"_a, "cap"_a, "tau_obs"_a, "draws"_a, "params"_a, "lengths"_a,
+      "value"_a, "p"_a, "expected_kept"_a, "rem_mean"_a,
+      "Per-row draft budgets of one engine step (das_trl/drafter/controller.py, BudgetController.budgets); see "
+      "src/controller.h for shapes. Returns the expected makespan in rounds.");
 }

@@ -1,0 +1,151 @@
+// See controller.h. Each block names the function of das_trl/drafter/controller.py it mirrors.
+#include "controller.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace das {
+
+double controller_budgets(int64_t n, int64_t k, const double* accept, int64_t w, const double* table, int64_t m,
+                          const double* pooled, const double* generated, const double* cap, const double* tau_obs,
+                          int64_t s, const double* draws, const ControllerParams& prm, int32_t* lengths,
+                          double* value, double* p, double* expected_kept, double* rem_mean) {
+  if (n <= 0) return 0.0;
+  const double* du = draws;
+  const double* dv = draws + n * s;
+  const double* de = draws + 2 * n * s;
+  const double* dj = draws + 3 * n * s;
+  const double jit = prm.jitter * std::sqrt(3.0);
+  std::vector<double> rem(static_cast<size_t>(n * s));
+  // remaining_samples: per row, s remaining lengths conditional on exceeding the tokens generated so far.
+  for (int64_t i = 0; i < n; ++i) {
+    const double g = generated[i];
+    const double* row = table + i * w;
+    // Both are sorted ascending: the lengths above g are a suffix.
+    const int64_t above = row + w - std::upper_bound(row, row + w, g);
+    const int64_t above_pool = pooled + m - std::upper_bound(pooled, pooled + m, g);
+    const double scale = std::max(prm.min_remaining, prm.extrapolation_fraction * g);
+    const double p_pool =
+        above_pool > 0 ? prm.pooled_weight / std::max(static_cast<double>(above) + prm.pooled_weight, 1e-12) : 0.0;
+    const double cap_i = std::max(cap[i], 1.0);
+    double sum = 0.0;
+    for (int64_t t = 0; t < s; ++t) {
+      const int64_t at = i * s + t;
+      const double u = du[at];
+      int64_t oi = w - above + static_cast<int64_t>(u * static_cast<double>(above));
+      const double own = row[std::clamp<int64_t>(oi, 0, w - 1)];
+      double pool = 0.0;
+      if (m) {
+        int64_t pi = m - above_pool + static_cast<int64_t>(u * static_cast<double>(above_pool));
+        pool = pooled[std::clamp<int64_t>(pi, 0, m - 1)];
+      }
+      const bool use_pool = (dv[at] < p_pool) || (above == 0 && above_pool > 0);
+      double total = use_pool ? pool : (above > 0 ? own : g);
+      if (!(total > g)) total = g - scale * std::log1p(-de[at]);  // exponential tail past every observed length
+      double r = total - g;
+      if (prm.jitter > 0) r *= std::exp(jit * (2.0 * dj[at] - 1.0));
+      r = std::min(std::max(r, 1.0), cap_i);
+      rem[at] = r;
+      sum += r;
+    }
+    rem_mean[i] = sum / static_cast<double>(s);
+  }
+  // tail_probability on rounds = rem / tau_obs: per-row histograms over log-spaced bins.
+  const int bins = prm.bins;
+  double makespan = 0.0;
+  std::vector<double> x(static_cast<size_t>(n * s));
+  double top = 0.0;
+  for (int64_t t = 0; t < s; ++t) {
+    double mx = -1.0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double rounds = rem[i * s + t] / tau_obs[i];
+      mx = std::max(mx, rounds);
+      const double xv = std::log1p(std::max(rounds, 0.0));
+      x[i * s + t] = xv;
+      top = std::max(top, xv);
+    }
+    makespan += mx;
+  }
+  makespan /= static_cast<double>(s);
+  if (n == 1) {
+    p[0] = 1.0;
+  } else {
+    std::vector<int32_t> b(static_cast<size_t>(n * s));
+    std::vector<double> logmid(static_cast<size_t>(n * bins));
+    std::vector<double> total(bins, 0.0);
+    std::vector<int32_t> zeros(bins, 0);
+    const double scale = top > 0 ? bins / top : 0.0;
+    std::vector<double> pmf(bins);
+    for (int64_t i = 0; i < n; ++i) {
+      std::fill(pmf.begin(), pmf.end(), 0.0);
+      for (int64_t t = 0; t < s; ++t) {
+        const int32_t bi = top > 0 ? static_cast<int32_t>(std::min<int64_t>(
+                                         static_cast<int64_t>(x[i * s + t] * scale), bins - 1))
+                                   : 0;
+        b[i * s + t] = bi;
+        pmf[bi] += 1.0;
+      }
+      double cum = 0.0;
+      for (int g = 0; g < bins; ++g) {
+        const double q = pmf[g] / static_cast<double>(s);
+        cum += q;
+        const double mid = cum - 0.5 * q;
+        const bool zero = mid <= 0.0;
+        const double lm = std::log(zero ? 1.0 : mid);
+        logmid[i * bins + g] = lm;
+        total[g] += lm;
+        zeros[g] += zero;
+      }
+    }
+    // P_i = mean over row i's samples of prod_{j != i} mid_j(bin): one exp per distinct bin of the row.
+    double tot = 0.0;
+    std::vector<int32_t> count(bins);
+    for (int64_t i = 0; i < n; ++i) {
+      std::fill(count.begin(), count.end(), 0);
+      for (int64_t t = 0; t < s; ++t) count[b[i * s + t]] += 1;
+      double acc = 0.0;
+      for (int g = 0; g < bins; ++g)
+        if (count[g] && zeros[g] == 0) acc += count[g] * std::exp(total[g] - logmid[i * bins + g]);
+      p[i] = acc / static_cast<double>(s);
+      tot += p[i];
+    }
+    for (int64_t i = 0; i < n; ++i) p[i] = tot > 0 ? p[i] / tot : 1.0 / static_cast<double>(n);
+  }
+  const double tw = prm.tail_prior_weight;
+  for (int64_t i = 0; i < n; ++i) p[i] = (1.0 - tw) * p[i] + tw / static_cast<double>(n);
+  // survival + optimal_draft_lengths: position j pays while the cost per token of progress keeps falling.
+  std::vector<int32_t> hist(static_cast<size_t>(k + 2));
+  for (int64_t i = 0; i < n; ++i) {
+    std::fill(hist.begin(), hist.end(), 0);
+    for (int64_t t = 0; t < s; ++t) {
+      const double f = std::floor(rem[i * s + t]);
+      hist[static_cast<size_t>(std::min<double>(f, static_cast<double>(k + 1)))] += 1;
+    }
+    const double weight = prm.c_base_ms * p[i];
+    double tau = 1.0, best = (weight + prm.c_tok_ms) / tau;  // d = 0
+    int32_t best_d = 0;
+    double kept = 0.0, kept_best = 0.0;
+    int64_t below = hist[0];
+    for (int64_t j = 0; j < k; ++j) {
+      below += hist[j + 1];
+      const double surv = 1.0 - static_cast<double>(below) / static_cast<double>(s);
+      const double a = accept[i * k + j];
+      tau += std::min(a * surv * prm.ratio, 1.0);
+      kept += a * surv;
+      const double d = static_cast<double>(j + 1);
+      const double ratio = (weight + prm.c_tok_ms * (1.0 + (1.0 + prm.draft_margin) * d)) / tau;
+      if (ratio * (1.0 + 1e-9 * d) < best * (1.0 + 1e-9 * best_d)) {
+        best = ratio;
+        best_d = static_cast<int32_t>(j + 1);
+        kept_best = kept;
+      }
+    }
+    lengths[i] = best_d;
+    value[i] = best;
+    expected_kept[i] = kept_best;
+  }
+  return makespan;
+}
+
+}  // namespace das
