@@ -34,8 +34,16 @@ def main(argv: list[str] | None = None) -> int:
         if len(argv) < 2 or argv[1] not in benches:
             parser.error(f"das-trl bench needs one of: {', '.join(benches)}")
         import importlib
+        import os
 
-        return int(importlib.import_module(benches[argv[1]]).main(argv[2:]) or 0)
+        module = importlib.import_module(benches[argv[1]])
+        try:
+            return int(module.main(argv[2:]) or 0)
+        except (FileNotFoundError, ValueError) as exc:  # bad input (paths, drafter names, records): say it plainly
+            if os.environ.get("DAS_TRL_TRACEBACK") == "1":
+                raise
+            print(f"das-trl bench {argv[1]}: error: {exc} (DAS_TRL_TRACEBACK=1 shows the traceback)", file=sys.stderr)
+            return 2
     if argv and argv[0] == "doctor":
         from das_trl.doctor import main as doctor_main
 

@@ -664,7 +664,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("tokens/round by length tier (eval requests ranked by their own length):")
     for r in results:
         tpr = tier_tokens_per_round(r)
-        print(f"  {r.name:<14}" + "  ".join(f"{k} {v:.3f}" for k, v in tpr.items()))
+        print(f"  {r.name:<16}" + "  ".join(f"{k} {v:.3f}" for k, v in tpr.items()))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         payload = {"rollouts": str(args.rollouts), "train_epochs": tr, "eval_epoch": ev,

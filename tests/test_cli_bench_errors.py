@@ -1,0 +1,15 @@
+"""`das-trl bench ...` turns bad user input (missing files, unknown drafters) into one clear line and exit code 2."""
+
+from das_trl.cli import main as cli_main
+
+
+def test_missing_sets_folder_is_one_line_and_exit_2(capsys):
+    assert cli_main(["bench", "suite", "--sets", "/nonexistent-das-trl"]) == 2
+    err = capsys.readouterr().err
+    assert "das-trl bench suite: error: --sets: /nonexistent-das-trl does not exist" in err
+    assert "Traceback" not in err
+
+
+def test_missing_rollouts_file_is_one_line_and_exit_2(tmp_path, capsys):
+    assert cli_main(["bench", "replay", "--rollouts", str(tmp_path / "missing.jsonl")]) == 2
+    assert "das-trl bench replay: error:" in capsys.readouterr().err
