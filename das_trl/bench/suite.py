@@ -247,7 +247,8 @@ def write_plot(point: Point, c_base: float, c_tok: float, outdir: Path) -> str:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="das-trl bench suite", description=__doc__.split("\n\n")[0])
     p.add_argument("--sets", nargs="+", required=True, help="folders (searched for *.jsonl, *.jsonl.gz) or files")
-    p.add_argument("--drafters", default=",".join(DEFAULT_DRAFTERS))
+    p.add_argument("--drafters", default=",".join(DEFAULT_DRAFTERS),
+                   help="comma-separated drafters (das_trl.bench.replay.ALL_DRAFTERS; default: %(default)s)")
     p.add_argument("--c-base", type=float, default=7.0, help="cost model: ms per forward pass")
     p.add_argument("--c-tok", type=float, nargs="+", default=[0.025], help="cost model: ms per token (several: "
                                                                             "a sweep)")
