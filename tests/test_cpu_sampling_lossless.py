@@ -36,7 +36,10 @@ CASES = {
     "top_k": ("Roses are red, violets are blue. Roses are red, violets are", {"top_k": 20}),
 }
 MIN_POOLED_COUNT = 10  # categories seen fewer times (both engines together) are pooled into "other"
-P_VALUE_FLOOR = 1e-3
+# Family-wise false-alarm rate 1e-3 over the len(CASES) * MAX_TOKENS position tests (Bonferroni). A per-test floor of
+# 1e-3 (about 0.8% false alarms per run) failed once in CI with one cell at p = 6e-4 and the other seven at
+# p >= 0.06; the sampler bug this guards against gives p-values many orders of magnitude lower (and crashes top_k).
+P_VALUE_FLOOR = 1e-3 / (len(CASES) * MAX_TOKENS)
 KV_CACHE_BYTES = 768 * 2**20
 
 
