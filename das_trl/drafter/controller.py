@@ -433,11 +433,6 @@ class BudgetController:
         cost = self.cost
         table, counts, pooled = self.lengths.gather(keys)
         cap = None if max_output is None else np.asarray(max_output, dtype=np.float64) - out_len
-        kernel = self._native_kernel()
-        if kernel is not None:
-            return self._budgets_native(kernel, accept, table, pooled, out_len, cap, num_rounds, cost)
-        rem = remaining_samples(table, counts, pooled, out_len, cap, self.rng, cfg.num_samples, cfg.pooled_weight,
-                                cfg.length_jitter, cfg.extrapolation_fraction, cfg.min_remaining)
         if num_rounds is None:
             tau_obs = np.ones(n)
         else:
@@ -447,26 +442,48 @@ class BudgetController:
         # tokens fared corrects the estimates it selects on (see observe_acceptance).
         self._acc_expected *= cfg.acceptance_decay
         self._acc_accepted *= cfg.acceptance_decay
-        survival_k = survival(rem, k)
-        useful = np.minimum(accept * survival_k * self.acceptance_ratio, 1.0)
-        p, makespan = tail_probability(rem / tau_obs[:, None])
-        p = (1.0 - cfg.tail_prior_weight) * p + cfg.tail_prior_weight / n
-        lengths, value = optimal_draft_lengths(useful, cost.c_base_ms * p, cost.c_tok_ms, cfg.draft_margin)
-        capped = apply_step_cap(useful, lengths, value, cost.c_tok_ms, cfg.step_token_cap)
+        ratio = self.acceptance_ratio
+        kernel = self._native_kernel()
+        if kernel is not None:
+            # Same draws as remaining_samples makes, in the same order; the rest of this method in one native call.
+            draws = self.rng.random((4, n, cfg.num_samples))
+            capped = lengths = np.empty(n, np.int32)
+            p, kept, rem_mean = np.empty(n), np.empty(n), np.empty(n)
+            params = {"ratio": ratio, "tail_prior_weight": cfg.tail_prior_weight, "c_base_ms": cost.c_base_ms,
+                      "c_tok_ms": cost.c_tok_ms, "draft_margin": cfg.draft_margin,
+                      "pooled_weight": cfg.pooled_weight, "length_jitter": cfg.length_jitter,
+                      "extrapolation_fraction": cfg.extrapolation_fraction,
+                      "min_remaining": float(cfg.min_remaining)}
+            makespan = kernel(np.ascontiguousarray(accept), np.ascontiguousarray(table, dtype=np.float64),
+                              np.ascontiguousarray(pooled, dtype=np.float64), out_len,
+                              np.full(n, np.inf) if cap is None else np.ascontiguousarray(cap, dtype=np.float64),
+                              tau_obs, draws, params, lengths, np.empty(n), p, kept, rem_mean)
+        else:
+            rem = remaining_samples(table, counts, pooled, out_len, cap, self.rng, cfg.num_samples,
+                                    cfg.pooled_weight, cfg.length_jitter, cfg.extrapolation_fraction,
+                                    cfg.min_remaining)
+            survival_k = survival(rem, k)
+            useful = np.minimum(accept * survival_k * ratio, 1.0)
+            p, makespan = tail_probability(rem / tau_obs[:, None])
+            p = (1.0 - cfg.tail_prior_weight) * p + cfg.tail_prior_weight / n
+            lengths, value = optimal_draft_lengths(useful, cost.c_base_ms * p, cost.c_tok_ms, cfg.draft_margin)
+            capped = apply_step_cap(useful, lengths, value, cost.c_tok_ms, cfg.step_token_cap)
+            kept_mask = np.arange(k)[None, :] < capped[:, None]
+            kept = np.where(kept_mask, accept * survival_k, 0.0).sum(axis=1)
+            rem_mean = rem.mean(axis=1)
         c = self._counters
         c["steps"] += 1
         c["rows"] += n
         c["rows_drafting"] += int((capped > 0).sum())
         c["offered_tokens"] += int((accept > 0).sum())
         c["kept_tokens"] += int(capped.sum())
-        kept_mask = np.arange(k)[None, :] < capped[:, None]
-        self.last_expected_kept = np.where(kept_mask, accept * survival_k, 0.0).sum(axis=1)
-        c["expected_accepted"] += float(self.last_expected_kept.sum())
+        c["expected_accepted"] += float(kept.sum())
         c["tail_rows"] += int((p >= 0.5).sum())
         c["capped_steps"] += int(capped.sum() < lengths.sum())
+        self.last_expected_kept = kept
         self.last_tail_prob = p
-        self.last_expected_remaining = rem.mean(axis=1)
-        self.last_expected_makespan = makespan
+        self.last_expected_remaining = rem_mean
+        self.last_expected_makespan = float(makespan)
         return capped
 
     def _native_kernel(self):
@@ -480,43 +497,6 @@ class BudgetController:
         if cfg.backend == "native":
             return native.load().controller_budgets
         return native.load().controller_budgets if native.available() else None
-
-    def _budgets_native(self, kernel, accept: np.ndarray, table: np.ndarray, pooled: np.ndarray,
-                        out_len: np.ndarray, cap: np.ndarray | None, num_rounds, cost: CostModel) -> np.ndarray:
-        """:meth:`budgets` through the native kernel (same draws from :attr:`rng`, same arithmetic)."""
-        cfg = self.config
-        n, k = accept.shape
-        draws = self.rng.random((4, n, cfg.num_samples))  # the draws remaining_samples makes, in the same order
-        if num_rounds is None:
-            tau_obs = np.ones(n)
-        else:
-            r = np.asarray(num_rounds, dtype=np.float64).reshape(-1)
-            tau_obs = np.maximum(1.0, (out_len + _TAU_PSEUDO_ROUNDS) / (r + _TAU_PSEUDO_ROUNDS))
-        self._acc_expected *= cfg.acceptance_decay
-        self._acc_accepted *= cfg.acceptance_decay
-        lengths = np.empty(n, np.int32)
-        value, p, kept, rem_mean = (np.empty(n) for _ in range(4))
-        params = {"ratio": self.acceptance_ratio, "tail_prior_weight": cfg.tail_prior_weight,
-                  "c_base_ms": cost.c_base_ms, "c_tok_ms": cost.c_tok_ms, "draft_margin": cfg.draft_margin,
-                  "pooled_weight": cfg.pooled_weight, "length_jitter": cfg.length_jitter,
-                  "extrapolation_fraction": cfg.extrapolation_fraction, "min_remaining": float(cfg.min_remaining)}
-        makespan = kernel(np.ascontiguousarray(accept), np.ascontiguousarray(table, dtype=np.float64),
-                          np.ascontiguousarray(pooled, dtype=np.float64), np.ascontiguousarray(out_len),
-                          np.full(n, np.inf) if cap is None else np.ascontiguousarray(cap, dtype=np.float64),
-                          tau_obs, draws, params, lengths, value, p, kept, rem_mean)
-        c = self._counters
-        c["steps"] += 1
-        c["rows"] += n
-        c["rows_drafting"] += int(np.count_nonzero(lengths))
-        c["offered_tokens"] += int(np.count_nonzero(accept))
-        c["kept_tokens"] += int(lengths.sum())
-        c["expected_accepted"] += float(kept.sum())
-        c["tail_rows"] += int((p >= 0.5).sum())
-        self.last_expected_kept = kept
-        self.last_tail_prob = p
-        self.last_expected_remaining = rem_mean
-        self.last_expected_makespan = float(makespan)
-        return lengths
 
     # ------------------------------------------------------------------ diagnostics
     def reset_counters(self) -> None:
