@@ -8,7 +8,6 @@ import pytest
 from das_trl.drafter import native
 from das_trl.drafter.controller import BudgetController, ControllerConfig
 
-pytestmark = pytest.mark.skipif(not native.available(), reason="native core not built (scripts/build_native.sh)")
 
 
 def _pair(seed: int, **cfg):

@@ -8,7 +8,6 @@ import pytest
 from das_trl.drafter import DrafterConfig, create_drafter, native
 from das_trl.drafter.digest import state_digest
 
-pytestmark = pytest.mark.skipif(not native.available(), reason="native core not built (bash scripts/build_native.sh)")
 
 
 def make(**kw):

@@ -11,7 +11,6 @@ from das_trl.drafter import native
 from das_trl.drafter.reference_tree import ReferenceSuffixTree
 from native_sim import simulate_pair
 
-pytestmark = pytest.mark.skipif(not native.available(), reason="native core not built (bash scripts/build_native.sh)")
 
 
 def pair(**kw):
