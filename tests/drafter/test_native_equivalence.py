@@ -7,10 +7,8 @@ import numpy as np
 import pytest
 
 from das_trl.drafter import DASDrafter, DrafterConfig
-from das_trl.drafter import native
 from das_trl.drafter.reference_tree import ReferenceSuffixTree
 from native_sim import simulate_pair
-
 
 
 def pair(**kw):
