@@ -142,7 +142,7 @@ def test_controller_budgets_reach_vllm(das_llm, reference):
     engine.attach({"budget_controller": {"cost_source": "config", "c_tok_ms": 0.5, "tail_prior_weight": 0.0,
                                          "pooled_weight": 0.0}})
     engine.reset("all")
-    assert engine.add_history(prompts, ref_tokens)["stats"]["budget_source"] == "controller"
+    assert "budget_kept_tokens" in engine.add_history(prompts, ref_tokens)["stats"]
     before, counters_before = engine.stats(), spec_decode_counters(das_llm)
     tokens, _ = _generate(das_llm, prompts)
     after, counters = engine.stats(), spec_decode_counters(das_llm)

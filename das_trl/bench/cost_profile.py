@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from das_trl.drafter.cost_model import fit_linear
+from das_trl.budget.cost_model import fit_linear
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

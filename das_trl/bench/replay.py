@@ -6,7 +6,7 @@ or ``floor(record.epoch)``; by default every epoch but the last is history and t
 
 Simulation (hardware-independent; no model runs): the eval epoch's requests all start together and run as a
 continuous batch. Each engine step, every running request gets a draft from the drafter (budget: the drafter's
-own, or the :class:`~das_trl.drafter.policy.LengthPolicy`), the draft is accepted up to its first mismatch with the
+own, or the :class:`~das_trl.budget.tiers.LengthPolicy`), the draft is accepted up to its first mismatch with the
 recorded completion, and the request emits accepted + 1 tokens (never past its recorded end). Running siblings see
 each other's outputs as of the previous step (DASDrafter's sibling visibility; arctic's active responses). A step
 costs ``t_fwd = c_base + c_tok * tokens_in_pass`` (ms; tokens = running requests + their draft tokens); the batch
@@ -45,8 +45,8 @@ import numpy as np
 
 from das_trl.drafter.factory import create_drafter
 from das_trl.drafter import DrafterConfig as _DrafterConfig
-from das_trl.drafter.controller import BudgetController, ControllerConfig
-from das_trl.drafter.policy import LengthPolicy, LengthPolicyConfig
+from das_trl.budget.controller import BudgetController, ControllerConfig
+from das_trl.budget.tiers import LengthPolicy, LengthPolicyConfig
 from das_trl.drafter.rollout_log import RolloutRecord, read_records
 
 ALL_DRAFTERS = ("none", "ngram", "suffix", "das-problem", "das+global", "das+siblings", "das+policy", "das+cost",
@@ -278,7 +278,7 @@ class DASReplayDrafter(Drafter):
 
 
 class DASControllerDrafter(DASReplayDrafter):
-    """The DAS drafter + :class:`~das_trl.drafter.controller.BudgetController`, as the live proposer runs them: each
+    """The DAS drafter + :class:`~das_trl.budget.controller.BudgetController`, as the live proposer runs them: each
     step drafts every running request up to the hard cap (``step``), the controller picks how many tokens of each
     draft to verify, the drafts are cut to that, and the drafter is told the cut length (``trim``)."""
 

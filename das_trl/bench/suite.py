@@ -42,7 +42,7 @@ from typing import Sequence
 
 from das_trl.bench.replay import (ReplayResult, controller_config, load_epochs, make_drafter, simulate,
                                   split_epochs)
-from das_trl.drafter.policy import LengthPolicyConfig
+from das_trl.budget.tiers import LengthPolicyConfig
 
 DEFAULT_DRAFTERS = ("none", "ngram", "suffix", "das+siblings", "das+policy", "das+controller")
 #: Drafters whose drafts depend on the cost model (re-run for every --c-tok).

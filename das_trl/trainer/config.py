@@ -13,8 +13,7 @@ from typing import Any
 
 from trl import GRPOConfig
 
-from das_trl.drafter.controller import ControllerConfig
-from das_trl.drafter.policy import LengthPolicyConfig
+from das_trl.budget import LENGTH_POLICY_REMOVED, ControllerConfig
 from das_trl.vllm.engine_check import check_engine_settings
 
 _WEIGHT_SYNC_MODES = ("auto", "nccl", "inplace", "reload")
@@ -82,23 +81,18 @@ class DASGRPOConfig(GRPOConfig):
                           "saving pays for their verification under the cost model c_base + c_tok * tokens per "
                           "forward pass; requests likely to finish last (estimated from their problem's windowed "
                           "history lengths) are worth the most, so the tail drafts nearly everything and large "
-                          "batches keep only likely-accepted tokens (das_trl.drafter.controller). A dict (or JSON) "
-                          "of das_trl.drafter.controller.ControllerConfig fields, e.g. {\"c_base_ms\": 7.0, "
+                          "batches keep only likely-accepted tokens (das_trl.budget.controller). A dict (or JSON) "
+                          "of das_trl.budget.controller.ControllerConfig fields, e.g. {\"c_base_ms\": 7.0, "
                           "\"c_tok_ms\": 0.025, \"cost_source\": \"config\"}. None uses the defaults: the cost "
                           "model fitted online from the engine's own step times once that fit is reliable, 7 ms + "
                           "0.025 ms/token (the DAS paper's GPU figures) until then. Measure your device with "
-                          "`das-trl bench cost-profile`. Ignored when das_length_policy is set."},
+                          "`das-trl bench cost-profile`."},
     )
     das_length_policy: dict | str | None = field(
         default=None,
-        metadata={"help": "The earlier length-aware budget policy, used instead of das_budget_controller when set: "
-                          "a dict (or JSON) of das_trl.drafter.policy.LengthPolicyConfig fields, e.g. "
-                          "{\"mode\": \"tiers\"} (problems ranked by their history's completion lengths: top 20% "
-                          "long = 16 tokens, next 40% medium = 8, rest short = 2; running requests promoted as they "
-                          "grow; budgets grow as the batch drains; at most 1024 draft tokens per engine step; the "
-                          "default before the controller), {\"mode\": \"cost\"} or {\"mode\": \"fixed\", "
-                          "\"fixed_budget\": K} (the length-unaware baseline). Budgets never exceed "
-                          "das_num_speculative_tokens. None: the controller decides."},
+        metadata={"help": "Removed in 0.2 (the earlier tier policy): setting it is an error that names "
+                          "das_budget_controller, the one budget path. The paper's tiers remain as the replay "
+                          "baseline `das+tiers`."},
     )
     das_weight_sync: str = field(
         default="auto",
@@ -177,7 +171,8 @@ def validate_das_settings(settings: dict[str, Any]) -> None:
     if settings["enabled"]:
         check_engine_settings(settings["vllm_kwargs"], environ={})  # async_scheduling cannot run the drafter
     _validate_config_dict(settings, "budget_controller", ControllerConfig)
-    _validate_config_dict(settings, "length_policy", LengthPolicyConfig)
+    if settings.get("length_policy") is not None:
+        raise ValueError(LENGTH_POLICY_REMOVED)
     if settings["weight_sync"] not in _WEIGHT_SYNC_MODES:
         raise ValueError(f"das_weight_sync must be one of {_WEIGHT_SYNC_MODES}, got {settings['weight_sync']!r}")
 
@@ -214,7 +209,5 @@ def drafter_config_fields(settings: dict[str, Any]) -> dict[str, Any]:
         "max_spec_factor": settings["max_spec_factor"],
         "min_token_prob": settings["min_token_prob"],
         "calibrate_acceptance": settings["calibrate_acceptance"],
-        # A legacy length policy when one is set, else the budget controller (with its settings).
-        **({"length_policy": settings["length_policy"]} if settings.get("length_policy")
-           else {"budget_controller": settings.get("budget_controller") or {}}),
+        "budget_controller": settings.get("budget_controller") or {},
     }

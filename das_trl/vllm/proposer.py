@@ -21,9 +21,8 @@ from typing import Any
 import numpy as np
 
 from das_trl.drafter import DrafterConfig, create_drafter, problem_key
-from das_trl.drafter.controller import BudgetController, ControllerConfig
+from das_trl.budget import BudgetController, ControllerConfig
 from das_trl.drafter.conversation import ConversationKeys
-from das_trl.drafter.policy import TIER_NAMES, LengthPolicy, LengthPolicyConfig
 
 logger = logging.getLogger(__name__)
 
@@ -49,12 +48,9 @@ class DASProposer:
         self.vocab_size = int(vllm_config.model_config.get_vocab_size())
         self.engine_dtype = str(getattr(vllm_config.model_config, "dtype", "")).removeprefix("torch.") or None
         self.drafter = create_drafter(DrafterConfig(max_spec_tokens=self.num_speculative_tokens))
-        # Per-step budgets: the batch budget controller by default (drafts to the hard cap, then keeps what pays; see
-        # das_trl.drafter.controller); a LengthPolicy (tiers / cost / fixed, budgets applied before drafting) when
-        # attach() is given a policy_config. Both are the objects the replay benchmark uses.
-        self.policy = LengthPolicy(LengthPolicyConfig(max_budget=self.num_speculative_tokens))
+        # Per-step budgets from the batch budget controller (drafts to the hard cap, then keeps what pays; see
+        # das_trl.budget.controller): the object the replay benchmark uses too.
         self.controller = BudgetController(ControllerConfig())
-        self.budget_source = "controller"  # or "length_policy"
         self._step_end: float | None = None  # _clock() at the end of the last propose (online cost fit)
         self._clock = time.perf_counter      # seconds; replaceable in tests
         self._runner: Any = None
@@ -76,8 +72,6 @@ class DASProposer:
             accepted_tokens=0,
             verified_drafts=0,
             speculation_seconds=0.0,
-            **{f"budget_tier_{name}_rounds": 0 for name in TIER_NAMES},
-            **{f"budget_tier_{name}_tokens": 0 for name in TIER_NAMES},
         )
 
     # vLLM's CPU runner calls this unconditionally; a suffix-tree drafter has no model to load.
@@ -90,7 +84,6 @@ class DASProposer:
         return self._runner is not None
 
     def attach(self, model_runner: Any, drafter_config: DrafterConfig | None = None,
-               policy_config: LengthPolicyConfig | None = None,
                controller_config: ControllerConfig | None = None) -> None:
         """Give the proposer the model runner whose ``input_batch`` maps batch rows to requests.
 
@@ -98,12 +91,8 @@ class DASProposer:
             model_runner: vLLM's ``GPUModelRunner`` (also the CPU runner's base class).
             drafter_config: when given and different from the current one, the drafter is rebuilt with it and its
                 history is carried over.
-            policy_config: when given, the length policy is rebuilt with it (its ``max_budget`` is capped at K), the
-                problems' observed lengths are replayed from the history so tiers survive the change, and budgets
-                come from it (``budget_source = "length_policy"``).
-            controller_config: when given, the budget controller is rebuilt with it (lengths replayed from the
-                history) and budgets come from it (``budget_source = "controller"``, the default). With both
-                configs, the controller wins.
+            controller_config: when given, the budget controller is rebuilt with it (the problems' lengths are
+                replayed from the history).
 
         Raises:
             TypeError: ``model_runner`` has no ``input_batch``.
@@ -126,35 +115,26 @@ class DASProposer:
                 self.drafter = create_drafter(drafter_config)
                 self.drafter.load_state_dict(state)
                 self._seen_totals = self.drafter.acceptance_totals()
-        if policy_config is not None:
-            capped = min(policy_config.max_budget, self.num_speculative_tokens)
-            self.policy = LengthPolicy(LengthPolicyConfig(**{**policy_config.to_dict(), "max_budget": capped}))
-            self.budget_source = "length_policy"
         if controller_config is not None:
             self.controller = BudgetController(controller_config)
-            self.budget_source = "controller"
-        if policy_config is not None or controller_config is not None:
             self._observe_history()
         self._step_end = None
         self._runner = model_runner
 
     def _observe_history(self) -> None:
-        """Feed every problem's windowed completion lengths to the length policy and the controller (after a rebuild
-        or a load)."""
+        """Feed every problem's windowed completion lengths to the controller (after a rebuild or a load)."""
         for key in self.drafter.history_problems():
-            lengths = self.drafter.history_lengths(key).tolist()
-            self.policy.observe(key, lengths)
-            self.controller.observe(key, lengths)
+            self.controller.observe(key, self.drafter.history_lengths(key).tolist())
 
     def load_history(self, state: dict[str, Any]) -> None:
         """Replace the drafter's history with a saved one (``RolloutHistory.to_state()`` dict) and refresh the length
-        policy from it. Raises ``ValueError`` on a malformed state (nothing changed)."""
+        controller from it. Raises ``ValueError`` on a malformed state (nothing changed)."""
         self.drafter.load_state_dict({"history": state})
         self._observe_history()
 
     def add_history(self, prompts: list, completions: list, problem_keys: list | None = None,
                     background: bool = True) -> dict[str, Any]:
-        """Add one step's rollouts to the drafter's history and their lengths to the length policy.
+        """Add one step's rollouts to the drafter's history and their lengths to the budget controller.
 
         Args:
             prompts / completions: token ids per rollout (``list[list[int]]`` or int32 arrays), paired by index.
@@ -177,7 +157,6 @@ class DASProposer:
                     self.conversations.register(np.asarray(prompt, dtype=np.int64), key)
             lengths.setdefault(key, []).append(len(comp))
         for key, lens in lengths.items():
-            self.policy.observe(key, lens)
             self.controller.observe(key, lens)
         return added
 
@@ -229,16 +208,12 @@ class DASProposer:
         slots = np.fromiter((self._slot_of[r] for r in ids), dtype=np.int64, count=len(ids))
         req.rounds[slots] += 1
         verified = self._verified_lengths(rows)
-        controlled = self.budget_source == "controller"
-        if controlled:
-            self._observe_verification(slots, num_sampled[rows], verified, started,
-                                       complete=not new_rows and len(rows) == n)
+        self._observe_verification(slots, num_sampled[rows], verified, started,
+                                   complete=not new_rows and len(rows) == n)
         output_len = num_tokens - num_prompt
         caps = np.minimum(self.num_speculative_tokens, self.max_model_len - num_tokens - 1)
-        if not controlled:
-            caps = np.minimum(caps, self._policy_budgets(req.key[slots], output_len, num_sampled[rows], len(live)))
         out = self.drafter.step(ids, token_ids_cpu, rows, num_tokens, num_prompt, num_sampled[rows], verified, caps)
-        if controlled and len(ids):
+        if len(ids):
             # Keep what pays: the drafts were made to the hard cap; the controller cuts them, and the drafter is
             # told what was really sent so verification is accounted against the cut length.
             keep = self.controller.budgets(out.accept, req.key[slots], output_len, req.rounds[slots],
@@ -247,12 +222,9 @@ class DASProposer:
             self.drafter.trim(ids, out.lengths)
             req.expected[slots] = self.controller.last_expected_kept
         req.sent[slots] = out.lengths
-        # Verification outcomes the step reported to the drafter feed the policy's acceptance estimate too.
         totals = self.drafter.acceptance_totals()
         dd, dv, da = (now - seen for now, seen in zip(totals, self._seen_totals))
         self._seen_totals = totals
-        if dv:
-            self.policy.record_acceptance(dv, da)
         self._counters["verified_drafts"] += dd
         self._counters["accepted_tokens"] += da
         self._counters["request_rounds"] += len(ids)
@@ -276,18 +248,6 @@ class DASProposer:
         max_tokens = getattr(getattr(request, "sampling_params", None), "max_tokens", None)
         self._req.reset(slot, self.drafter.problem_of(req_id),
                         max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else self.max_model_len)
-
-    def _policy_budgets(self, keys: np.ndarray, output_len: np.ndarray, num_sampled: np.ndarray,
-                        num_running: int) -> np.ndarray:
-        """The length policy's budgets (long and promoted requests get more, all grow as the batch drains), with
-        its per-tier counters."""
-        pairs = list(zip(keys.tolist(), output_len.tolist()))
-        budgets = np.asarray(self.policy.budgets(pairs, num_running=num_running), dtype=np.int64).reshape(-1)
-        for (key, out_len), got in zip(pairs, num_sampled.tolist()):
-            tier = TIER_NAMES[self.policy.tier(key, out_len)]
-            self._counters[f"budget_tier_{tier}_rounds"] += 1
-            self._counters[f"budget_tier_{tier}_tokens"] += got
-        return budgets
 
     def _observe_verification(self, slots: np.ndarray, num_sampled: np.ndarray, verified: np.ndarray, now: float,
                               complete: bool) -> None:
@@ -368,11 +328,8 @@ class DASProposer:
         ``rounds`` (propose calls), ``unattached_rounds`` (calls that proposed nothing
         because :meth:`attach` had not run), ``request_rounds``, ``drafts`` (non-empty drafts), ``draft_tokens``,
         ``accepted_tokens`` (as seen by the proposer: the final draft of each request is never observed),
-        ``speculation_seconds`` (time spent in :meth:`propose`), ``budget_source`` (``"controller"`` or
-        ``"length_policy"``), ``policy_mode`` (``"controller"`` or the length policy's mode), ``budget_*``: the
-        budget source's diagnostics (controller: :meth:`BudgetController.stats` prefixed; length policy:
-        ``budget_tier_<short|medium|long>_rounds`` / ``_tokens``, request-rounds and tokens emitted by length tier),
-        ``budget_counters`` (which ``budget_*`` keys are cumulative), ``num_speculative_tokens``, ``history_problems``,
+        ``speculation_seconds`` (time spent in :meth:`propose`), ``budget_*``: the
+        budget controller's diagnostics (:meth:`BudgetController.stats` prefixed), ``budget_counters`` (which ``budget_*`` keys are cumulative), ``num_speculative_tokens``, ``history_problems``,
         ``history_appearances``, ``history_sequences``, ``history_tokens``, ``history_bytes`` (approximate),
         ``history_evicted_appearances``, ``active_requests``, ``calibration_tokens`` (verified draft tokens the drafter's
         acceptance calibration learned from), the drafter's live pool (``live_running_tokens``,
@@ -380,19 +337,13 @@ class DASProposer:
         ``DASDrafter.stats``), ``conversation_prompts`` / ``conversation_prompts_evicted`` (first prompts known for
         multi-turn keys, at most 65,536) and ``source_<name>`` (drafts won by each source).
         """
-        controlled = self.budget_source == "controller"
         out: dict[str, Any] = {"attached": self.attached, "num_speculative_tokens": self.num_speculative_tokens,
-                               "policy_mode": "controller" if controlled else self.policy.config.mode,
-                               "budget_source": self.budget_source, "engine_dtype": self.engine_dtype}
-        # The tier counters belong to the length policy: left out while the controller sets the budgets.
-        out.update({k: v for k, v in self._counters.items() if not (controlled and k.startswith("budget_tier_"))})
-        # The budget source's diagnostics, by prefix; `budget_counters` names the cumulative ones (the trainer logs
+                               "engine_dtype": self.engine_dtype}
+        out.update(self._counters)
+        # The controller's diagnostics, by prefix; `budget_counters` names the cumulative ones (the trainer logs
         # their per-step differences and the rest as they are).
-        if controlled:
-            out.update({f"budget_{k}": v for k, v in self.controller.stats().items()})
-            out["budget_counters"] = [f"budget_{k}" for k in BudgetController.COUNTERS]
-        else:
-            out["budget_counters"] = [k for k in self._counters if k.startswith("budget_")]
+        out.update({f"budget_{k}": v for k, v in self.controller.stats().items()})
+        out["budget_counters"] = [f"budget_{k}" for k in BudgetController.COUNTERS]
         d = self.drafter.stats()
         out.update(
             history_problems=d["problems"],

@@ -22,8 +22,7 @@ import time
 from typing import Any
 
 from das_trl.drafter import DrafterConfig
-from das_trl.drafter.controller import ControllerConfig
-from das_trl.drafter.policy import LengthPolicyConfig
+from das_trl.budget import LENGTH_POLICY_REMOVED, ControllerConfig
 from das_trl.drafter.digest import state_digest
 from das_trl.vllm.payload import DEFAULT_MAX_PAYLOAD_BYTES, PayloadError, decode_history_state, decode_rollouts
 from das_trl.vllm.proposer import DASProposer
@@ -186,9 +185,8 @@ class DASWorkerExtension:
         Args:
             config_json: JSON object of :class:`~das_trl.drafter.DrafterConfig` fields ("" keeps the current config),
                 optionally with ``"budget_controller"``: an object of
-                :class:`~das_trl.drafter.controller.ControllerConfig` fields (the default budget source), or
-                ``"length_policy"``: a non-empty object of :class:`~das_trl.drafter.policy.LengthPolicyConfig`
-                fields, which switches budgets to that policy (``tiers`` / ``cost`` / ``fixed``).
+                :class:`~das_trl.budget.controller.ControllerConfig` fields. ``"length_policy"`` (the earlier
+                tier policy) is refused with a message naming ``budget_controller``.
 
         Returns:
             ``{"ok": True, "stats": {...}}``, or ``{"ok": False, "error": ...}`` when the engine was not started with
@@ -202,28 +200,25 @@ class DASWorkerExtension:
                 f"this engine does not run the DAS drafter (speculative_config={spec!r}); start it with "
                 f"speculative_config={{'method': 'custom_class', 'model': '{PROPOSER_QUALNAME}', ...}}"
             )
-        config = policy = controller = None
+        config = controller = None
         if config_json:
             try:
                 fields = json.loads(config_json)
                 if not isinstance(fields, dict):
                     raise ValueError("expected a JSON object")
-                policy_fields = fields.pop("length_policy", None)
+                if fields.pop("length_policy", None) is not None:
+                    raise ValueError(LENGTH_POLICY_REMOVED)
                 controller_fields = fields.pop("budget_controller", None)
                 if controller_fields is not None:
                     if not isinstance(controller_fields, dict):
                         raise ValueError("budget_controller must be a JSON object of ControllerConfig fields")
                     controller = ControllerConfig(**controller_fields)
-                if policy_fields:  # {} keeps the current budget source
-                    if not isinstance(policy_fields, dict):
-                        raise ValueError("length_policy must be a JSON object of LengthPolicyConfig fields")
-                    policy = LengthPolicyConfig(**(proposer.policy.config.to_dict() | policy_fields))
                 merged = dataclasses.asdict(proposer.drafter.config) | fields
                 config = DrafterConfig(**merged)
             except (ValueError, TypeError) as exc:
                 return _error(f"invalid drafter config {config_json!r}: {exc}")
         try:
-            proposer.attach(self.model_runner, config, policy, controller)
+            proposer.attach(self.model_runner, config, controller)
         except (ValueError, TypeError) as exc:
             return _error(str(exc))
         return {"ok": True, "stats": proposer.stats(), "parallel": parallel_layout(self.vllm_config)}

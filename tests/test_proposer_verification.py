@@ -1,7 +1,6 @@
-"""With a length_policy sent with das_attach (the budget source before the controller), the live proposer's draft
-budgets come from the LengthPolicy (the same object the replay benchmark uses): a request of a short problem gets the
-short tier's budget, a long problem's request the long tier's, and per-tier rounds/tokens are counted. Fast: real DASWorkerExtension + DASProposer +
-DASDrafter behind a fake model runner (``reliability_fakes``)."""
+"""The live proposer's per-round bookkeeping: re-attaching retires tracked requests, verification outcomes reach the
+drafter's calibrator, scheduler-trimmed drafts are not counted as rejected, and the removed length policy is refused.
+Fast: real DASWorkerExtension + DASProposer + drafter behind a fake model runner (``reliability_fakes``)."""
 
 import json
 
@@ -9,7 +8,6 @@ import numpy as np
 import pytest
 
 from reliability_fakes import K, FakeWorker, push_long_and_short_history, run_round
-from das_trl.drafter import problem_key
 
 
 @pytest.fixture
@@ -27,43 +25,14 @@ def _setup(rng):
 _round = run_round
 
 
-def test_budgets_follow_the_problems_length_tier(rng):
+def test_length_policy_is_refused_with_the_replacement_named(rng):
+    """The earlier tier policy is gone from the engine: das_attach refuses it, names das_budget_controller, and
+    changes nothing."""
     worker, prompts, texts = _setup(rng)
-    assert worker.proposer.stats()["budget_source"] == "controller"  # the default
-    assert worker.das_attach(json.dumps({"length_policy": {"mode": "tiers"}}))["ok"]
-    assert worker.proposer.stats()["policy_mode"] == "tiers"
-    rows = [("long", 0, 5), ("short", 3, 5)]
-    _round(worker, prompts, texts, rows)  # first sight: requests start
-    drafts = _round(worker, prompts, texts, [(r, i, n + 1) for r, i, n in rows])
-    assert drafts[0] == texts[0][6:6 + K]  # long tier: 16 capped at K = 8
-    assert 0 < len(drafts[1]) <= 2 and drafts[1] == texts[3][6:6 + len(drafts[1])]  # short tier: 2
-    s = worker.proposer.stats()
-    assert s["budget_tier_long_rounds"] == 2 and s["budget_tier_short_rounds"] == 2
-    assert s["budget_tier_long_tokens"] == 2 and s["budget_tier_short_tokens"] == 2  # one sampled token per row a round
-    assert "budget_tier_long_rounds" in s["budget_counters"]
-
-
-def test_length_policy_from_das_attach_replaces_the_policy(rng):
-    worker, prompts, texts = _setup(rng)
-    reply = worker.das_attach(json.dumps({"length_policy": {"mode": "fixed", "fixed_budget": K}}))
-    assert reply["ok"], reply
-    assert worker.proposer.policy.config.mode == "fixed"
-    rows = [("a", 3, 5), ("b", 4, 5)]
-    _round(worker, prompts, texts, rows)
-    drafts = _round(worker, prompts, texts, [(r, i, n + 1) for r, i, n in rows])
-    assert [len(d) for d in drafts] == [K, K]
-    bad = worker.das_attach(json.dumps({"length_policy": {"mode": "sometimes"}}))
-    assert not bad["ok"] and "mode" in bad["error"]
-    assert worker.proposer.policy.config.mode == "fixed"  # a rejected config changes nothing
-
-
-def test_policy_tiers_are_rebuilt_from_history_on_reconfigure(rng):
-    worker, prompts, texts = _setup(rng)
-    assert worker.das_attach(json.dumps({"length_policy": {"short_budget": 1}}))["ok"]
-    policy = worker.proposer.policy
-    assert policy.stats()["problems"] == 5  # lengths replayed from the history, not lost with the old policy
-    assert policy.expected_length(problem_key(prompts[0])) == 200.0
-    assert policy.tier(problem_key(prompts[0])) == 2 and policy.tier(problem_key(prompts[1])) < 2
+    before = worker.proposer.controller
+    reply = worker.das_attach(json.dumps({"length_policy": {"mode": "tiers"}}))
+    assert not reply["ok"] and "das_budget_controller" in reply["error"] and "das+tiers" in reply["error"]
+    assert worker.proposer.controller is before
 
 
 def test_reattach_retires_tracked_requests_and_running_ones_resume(rng):

@@ -50,7 +50,7 @@ Adapting. Large batches with uncertain tails spread ``P`` thin and keep only hig
 drains, ``P`` concentrates on the remaining long requests, which draft nearly everything; a higher ``c_tok`` or a
 lower acceptance shortens every draft. The cost model comes from :class:`ControllerConfig` or, with
 ``cost_source="online"``, from the engine's own step timings once that fit is trustworthy
-(:class:`~das_trl.drafter.cost_model.OnlineCostFit`).
+(:class:`~das_trl.budget.cost_model.OnlineCostFit`).
 
 Limits (measured by replay, docs/benchmarks.md). The rule is myopic: ``P`` is computed under the rows' past speed,
 not under the plan, and it ignores that drafting with low acceptance makes a row's progress random, which raises
@@ -93,7 +93,7 @@ class ControllerConfig:
         c_base_ms / c_tok_ms: the cost model ``c_base + c_tok * tokens`` per forward pass (paper Fig. 8: 7 / 0.025 on
             its GPUs; ``das-trl bench cost-profile`` measures it on the current device).
         cost_source: ``"config"`` (always the two values above) or ``"online"`` (the engine's step timings once
-            :class:`~das_trl.drafter.cost_model.OnlineCostFit` trusts its fit; the config values until then).
+            :class:`~das_trl.budget.cost_model.OnlineCostFit` trusts its fit; the config values until then).
         tail_prior_weight: ``w`` in ``P <- (1 - w) P + w / n`` (0: trust the Monte Carlo fully; 1: every request is
             equally likely to finish last).
         draft_margin: each draft token is charged ``(1 + draft_margin) * c_tok`` in the decision (0: the cost model
@@ -110,7 +110,7 @@ class ControllerConfig:
             its sums at every step, and the bounds of the ratio.
         step_token_cap: cap of kept draft tokens per engine step (0 = none).
         seed: seed of the Monte Carlo generator (replays are deterministic).
-        fit_window / fit_min_steps / fit_min_r2: :class:`~das_trl.drafter.cost_model.OnlineCostFit` settings.
+        fit_window / fit_min_steps / fit_min_r2: :class:`~das_trl.budget.cost_model.OnlineCostFit` settings.
         backend: ``"auto"`` (the native kernel of the drafter's core when it is built and ``step_token_cap`` is 0,
             else numpy), ``"native"`` (required; ``ImportError`` at the first step without the core) or
             ``"python"`` (numpy, the reference). Both take the same random draws; results agree up to floating-point
@@ -492,7 +492,7 @@ class BudgetController:
         cfg = self.config
         if cfg.backend == "python" or cfg.step_token_cap > 0:
             return None
-        from . import native
+        from das_trl.drafter import native
 
         if cfg.backend == "native":
             return native.load().controller_budgets

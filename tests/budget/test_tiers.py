@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from das_trl.drafter.policy import (LONG, MEDIUM, SHORT, LengthPolicy, LengthPolicyConfig, cost_condition_rhs,
+from das_trl.budget.tiers import (LONG, MEDIUM, SHORT, LengthPolicy, LengthPolicyConfig, cost_condition_rhs,
                                     cost_optimal_drafts, cost_optimal_passes)
 
 

@@ -1,0 +1,20 @@
+"""Draft budgets: how many of each request's draft tokens are worth verifying, once per engine step.
+
+The room holds one budget path (``controller.py``: the batch budget controller, the product's default), the step cost
+model it prices with (``cost_model.py``), the per-problem length table it estimates remaining lengths from
+(``length_table.py``), and the DAS paper's length tiers (``tiers.py``), kept as the replay baseline that reproduces the
+paper. Arrays in, ``int32`` budgets out; numpy, the standard library and (optionally) the drafter's native kernel.
+Design notes: ``docs/concepts.md`` and ``docs/tuning.md``.
+"""
+
+from .controller import BudgetController, ControllerConfig
+from .cost_model import CostModel, OnlineCostFit
+
+#: Why ``das_length_policy`` / ``length_policy`` (the earlier tier policy beside the controller) is refused.
+LENGTH_POLICY_REMOVED = (
+    "das_length_policy (length_policy) was removed in das-trl 0.2: the batch budget controller is the only budget path "
+    "of the trainer and the engine; set das_budget_controller (a dict of das_trl.budget.ControllerConfig fields, e.g. "
+    "{\"c_base_ms\": 7.0, \"c_tok_ms\": 0.025}) instead. The paper's length tiers remain as the replay baseline "
+    "`das+tiers` (`das-trl bench replay --drafters das+tiers`)")
+
+__all__ = ["BudgetController", "ControllerConfig", "CostModel", "LENGTH_POLICY_REMOVED", "OnlineCostFit"]
