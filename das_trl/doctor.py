@@ -313,7 +313,7 @@ def check_drafter_defaults() -> list[Check]:
     trainer's compute dtype (float32 there), where vLLM's own ``auto`` would downcast to bfloat16.
     """
     from das_trl.drafter import DrafterConfig
-    from das_trl.drafter.live import LIVE_TREE_BYTES_PER_TOKEN
+    from das_trl.drafter.config import LIVE_TREE_BYTES_PER_TOKEN
 
     config = DrafterConfig()
     budget = config.live_token_budget

@@ -37,7 +37,7 @@ def test_live_pool_bounded_by_token_budget_without_pushes(backend):
     import subprocess
     import sys
 
-    from das_trl.drafter.live import LIVE_TREE_BYTES_PER_TOKEN
+    from das_trl.drafter.config import LIVE_TREE_BYTES_PER_TOKEN
 
     requests, prompt, output, budget = 300, 64, 500, 20_000
     # A fresh process: RSS growth is not hidden by (or blamed on) memory freed by earlier tests.

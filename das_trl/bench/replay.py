@@ -143,8 +143,10 @@ class SuffixDrafter(Drafter):
     """vLLM's ``suffix`` method as shipped (arctic-inference SuffixDecodingCache, vLLM 0.32 defaults)."""
 
     def __init__(self, **overrides) -> None:
-        from arctic_inference.suffix_decoding import SuffixDecodingCache
+        """Raises ``ImportError`` naming the ``reference`` extra when arctic-inference is missing."""
+        from das_trl.drafter.reference.arctic import suffix_decoding_cache
 
+        SuffixDecodingCache = suffix_decoding_cache()  # noqa: N806 - a class
         self.name = "suffix"
         self.p = dict(SUFFIX_DEFAULTS, **overrides)
         self.context_tail = self.p["max_tree_depth"]

@@ -1,48 +1,46 @@
-"""DAS drafter core: suffix-tree drafting from a GRPO run's own rollouts (arXiv 2511.13841).
+"""DAS drafter: suffix-automaton drafting from a GRPO run's own rollouts (arXiv 2511.13841).
 
-Imports only the standard library, numpy and arctic-inference's C++ ``SuffixTree``; no
-vLLM or TRL (the adapter in ``das_trl.vllm`` wraps :class:`DASDrafter`).
+The face of the drafter room: what the vLLM adapter, the trainer and the benchmarks use. Imports only the standard
+library and numpy (the compiled core loads on first use); no vLLM, TRL or arctic-inference.
 
-Data flow::
+* :class:`DrafterConfig` and :func:`create_drafter`: the drafter a config asks for, by default
+  :class:`NativeDASDrafter` (``drafter.py`` over the C++ core in ``native/``: one call per engine step).
+* :class:`DraftBatch`: one engine step's drafts as arrays.
+* :class:`RolloutHistory` / :class:`Appearance`: the per-problem window of pushed rollouts.
+* :func:`problem_key`: a problem's identity (blake2b of its prompt ids).
+* :class:`RolloutRecord`, :func:`append_records`, :func:`read_records`: the rollout log the replay benchmark reads.
 
-    trainer step -> DASDrafter.add_rollouts(prompts, completions)
-        -> RolloutHistory   (history.py: last `window` appearances per problem,
-                             token budget, oldest-first eviction)
-        -> HistoryIndex     (suffix_index.py: per-problem tree + global tree,
-                             support.py: how many sequences contain each n-gram)
-    engine, per request: start_request -> [extend_request -> record_acceptance -> propose]* -> stop_request
-        -> LivePool         (live.py: local tree of prompt + own output; sibling tree
-                             of the problem's running/finished outputs)
-        -> arbitration.py   (evidence-weighted choice among problem / siblings /
-                             local / batch / global candidates; not arctic's raw score)
-        -> calibration.py   (the estimates corrected by the acceptance observed in
-                             verification, per source, match length and estimate)
-
-Two implementations with one interface: ``NativeDASDrafter`` (``native/``: C++ core, one call per engine step) and
-``DASDrafter`` (pure Python, the reference the native core is tested against); :func:`create_drafter` picks one by
-``DrafterConfig.backend``.
-
-Problem identity: :func:`problem_key` (blake2b of the prompt ids), or an explicit key.
+The pure-Python reference drafter, :class:`DASDrafter` (``reference/``, the executable specification the native core
+is tested against; needs arctic-inference, the ``reference`` extra), is loaded only when asked for:
+``backend="python"``, or ``from das_trl.drafter import DASDrafter``.
 """
 
-from .arbitration import SOURCE_ORDER, Candidate, choose, confidence
-from .calibration import AcceptanceCalibrator
 from .config import DrafterConfig
-from .drafter import DASDrafter
+from .draft_batch import DraftBatch
+from .drafter import NativeDASDrafter
 from .factory import create_drafter
 from .history import Appearance, RolloutHistory
 from .problem_key import problem_key
+from .rollout_log import RolloutRecord, append_records, read_records
 
 __all__ = [
-    "SOURCE_ORDER",
-    "AcceptanceCalibrator",
     "Appearance",
-    "Candidate",
     "DASDrafter",
+    "DraftBatch",
     "DrafterConfig",
-    "create_drafter",
+    "NativeDASDrafter",
     "RolloutHistory",
-    "choose",
-    "confidence",
+    "RolloutRecord",
+    "append_records",
+    "create_drafter",
     "problem_key",
+    "read_records",
 ]
+
+
+def __getattr__(name: str):
+    if name == "DASDrafter":  # the reference, imported on demand only
+        from .reference import DASDrafter
+
+        return DASDrafter
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

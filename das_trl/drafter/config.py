@@ -5,10 +5,16 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, field
 
+#: Approximate RAM per token held by one live tree of the reference drafter (arctic suffix-tree nodes plus the n-gram
+#: support dicts), in bytes; the native core measures its own (``live_approx_bytes`` in its stats). Measured with
+#: random tokens (no shared paths: the worst case) by tests/test_reliability_memory.py's live-pool input: see
+#: docs/reliability.md. The reference's ``stats()["live_approx_bytes"]`` is this times ``live_tree_tokens``.
+LIVE_TREE_BYTES_PER_TOKEN = 400
+
 
 @dataclass
 class DrafterConfig:
-    """Settings of :class:`das_trl.drafter.DASDrafter`; validated on construction.
+    """Settings of the DAS drafter (either backend, :func:`~das_trl.drafter.create_drafter`); validated on construction.
 
     History (DAS paper, Sec. "rollout history": per-problem sliding window):
         window: appearances of a problem kept (one appearance = the group of
@@ -57,8 +63,8 @@ class DrafterConfig:
             visible until the next ``add_rollouts`` of their problem replaces them. A finished
             output holds its prompt tail + output tokens; when, after a request stops, the
             finished outputs hold more than this, the oldest (stop order) are dropped until they
-            hold at most half of it (``live.py``: exact rule). Running requests are never evicted. It keeps an engine
-            that never receives ``add_rollouts`` (evaluation, a trainer that pushes rarely)
+            hold at most half of it (``reference/live.py``: exact rule). Running requests are never evicted. It
+            keeps an engine that never receives ``add_rollouts`` (evaluation, a trainer that pushes rarely)
             bounded: a finished output sits in the sibling and the batch tree, about 0.8 KB of
             RAM per token with random tokens (docs/reliability.md), so the default 2M tokens
             is about 1.6 GB at most. 2M tokens hold one whole step of 256 rollouts of 8k
@@ -66,7 +72,7 @@ class DrafterConfig:
             to) are the ones kept. 0 = finished outputs are dropped at once (replaces the
             former count cap ``max_lingering_finished``).
 
-    Evidence-weighted arbitration (see ``arbitration.py``):
+    Evidence-weighted arbitration (see ``reference/arbitration.py``):
         support_ngram: n-gram order g used to count supporting sequences: a candidate
             is supported by the sequences containing (last g-1 context tokens, first
             draft token).
@@ -79,10 +85,10 @@ class DrafterConfig:
             history (2 rows of int32: 8 * 2**bits bytes; 23 -> 64 MiB).
 
     Implementation:
-        backend: ``"native"`` (the C++ core, ``native_drafter.py``: one call per engine step, history built on
-            native threads), ``"python"`` (the pure-Python reference, ``drafter.py``), or ``"auto"`` (native when
-            built, else python with a warning). Both draft the same tokens up to ties between equally frequent
-            continuations (docs/architecture.md).
+        backend: ``"native"`` (the C++ core behind ``drafter.py``: one call per engine step, history built on
+            native threads), ``"python"`` (the pure-Python reference, ``reference/``; needs arctic-inference, the
+            ``reference`` extra), or ``"auto"`` (native when built, else python with a warning). Both draft the
+            same tokens up to ties between equally frequent continuations (docs/architecture.md).
         builder_threads: native threads building history automata (``native`` backend; 1-64; default: one fewer
             than the CPU cores, at most 4, so the engine thread keeps a core).
         draft_threads: threads that draft the rows of one engine step in parallel (``native`` backend; the
@@ -90,7 +96,7 @@ class DrafterConfig:
             a second thread only competes with the engine's). vLLM runs the drafter synchronously, so a GPU
             engine's CPU threads are idle meanwhile; drafts are the same for any value.
 
-    Calibration from verification outcomes (``calibration.py``):
+    Calibration from verification outcomes (``reference/calibration.py``):
         calibrate_acceptance: scale each a_i by the observed/predicted acceptance ratio of its
             (source, match-length bucket, a_i bin) cell, learned from the verified drafts the engine reports through
             ``DASDrafter.record_acceptance``. Without reports nothing changes.

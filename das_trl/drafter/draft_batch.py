@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .arbitration import SOURCE_ORDER
+from .sources import SOURCE_ORDER
 
 #: ``DraftBatch.source`` value of a row with no draft.
 NO_SOURCE = -1
@@ -26,8 +26,9 @@ class DraftBatch:
         lengths: ``int32 [n]`` draft length per row (0 = no draft), ``<=`` the row's budget and ``<= K``.
         accept: ``float64 [n, K]`` calibrated estimate that the first ``j + 1`` draft tokens of row ``i`` are all
             accepted (non-increasing along a row, in ``(0, 1]`` up to ``lengths[i]``, 0 after). ``accept[i].sum()`` is
-            the expected number of accepted draft tokens (DAS ``arbitration.py``, ``calibration.py``).
-        source: ``int8 [n]`` index into :data:`~das_trl.drafter.arbitration.SOURCE_ORDER` of the winning source, or
+            the expected number of accepted draft tokens (defined in the reference's ``arbitration.py`` and
+            ``calibration.py``).
+        source: ``int8 [n]`` index into :data:`~das_trl.drafter.sources.SOURCE_ORDER` of the winning source, or
             :data:`NO_SOURCE`.
         match_len: ``int32 [n]`` context tokens the winning draft matched (0 when no draft).
     """

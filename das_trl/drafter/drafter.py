@@ -1,586 +1,358 @@
-"""DASDrafter: the one object a vLLM proposer talks to.
+"""NativeDASDrafter: the DAS drafter, with its per-round work in the C++ core (``das_trl/drafter/native``).
 
-Data flow: ``add_rollouts`` (one GRPO step) -> ``RolloutHistory`` (window + budget) ->
-``HistoryIndex`` (per-problem and global suffix trees, support counts). Per request:
-``start_request`` -> ``extend_request`` (each round's accepted tokens) -> ``propose``
-(candidates from problem / siblings / local / global trees, evidence-weighted choice,
-``arbitration.py``) -> ``stop_request``.
+This is the drafter the product runs (``DrafterConfig.backend`` "auto" or "native"). It has the public interface and
+semantics of the pure-Python reference :class:`~das_trl.drafter.reference.DASDrafter` (``reference/``, which the
+equivalence tests compare it with draft for draft) and imports nothing from it; what the speed needs on top:
+
+* **One call per engine step.** :meth:`propose_batch` drafts every row in one native call that releases the GIL,
+  into preallocated arrays.
+* **Match state kept per request.** Each request's position in its problem's and the global history automaton is
+  advanced by the tokens it gained, not re-matched from the context every round; the live sources (own text,
+  running siblings, running batch) are suffix automata the request's own tokens extend.
+* **History builds off the interpreter.** A push updates the window bookkeeping (``RolloutHistory``, Python, cheap),
+  then hands copies of the changed problems' sequences to native builder threads; requests keep drafting from the
+  previous snapshots until the new ones are swapped in.
+
+Documented differences to the reference: ties between equally frequent continuations go to the smallest token id
+(arctic takes whichever its hash map yields first; the reference matches with ``tree_factory=ReferenceSuffixTree``);
+history support counts are exact (the reference's count-min table can over-count on hash collisions); ``propose``
+drafts from the request's own prompt + extended tokens and ignores ``context``.
 """
 
 from __future__ import annotations
 
-import logging
 import threading
-import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
-from typing import Callable, Iterator, Sequence
+from typing import Sequence
 
 import numpy as np
 
-from .arbitration import SOURCE_ORDER, choose
-from .calibration import AcceptanceCalibrator
+from . import native as _native
 from .config import DrafterConfig
 from .draft_batch import DraftBatch
 from .history import RolloutHistory
-from .live import LivePool
 from .problem_key import problem_key as _problem_key
-from .suffix_index import HistoryIndex
+from .sources import MATCH_BUCKETS, SOURCE_ORDER
+from .tokens import as_tokens, group_rollouts
 
-_TOKEN_LIMIT = 2**31
-logger = logging.getLogger(__name__)
-
-
-def _as_tokens(ids: Sequence[int] | np.ndarray, what: str) -> np.ndarray:
-    """Validate token ids and return a fresh writeable 1-D ``np.int32`` array.
-
-    Raises:
-        ValueError: not 1-D, not integers (bools and floats rejected), or outside
-            ``[0, 2**31)``.
-    """
-    if isinstance(ids, np.ndarray):
-        arr = ids
-    else:
-        try:
-            seq = ids if isinstance(ids, list) else list(ids)
-        except TypeError:
-            raise ValueError(f"{what} must be a sequence of ints, got {type(ids).__name__}") from None
-        if not seq:
-            return np.zeros(0, np.int32)
-        # Check the distinct element types, not every element (per-token isinstance checks cost ~0.25 us/token on pushes).
-        if not all(issubclass(t, (int, np.integer)) and not issubclass(t, (bool, np.bool_))
-                   for t in set(map(type, seq))):
-            raise ValueError(f"{what} must contain only ints")
-        try:
-            arr = np.asarray(seq)
-        except OverflowError:
-            raise ValueError(f"{what} token ids must lie in [0, 2**31)") from None
-    if arr.ndim != 1:
-        raise ValueError(f"{what} must be 1-D, got shape {arr.shape}")
-    if arr.size == 0:
-        return np.zeros(0, np.int32)
-    if arr.dtype.kind not in "iu":
-        raise ValueError(f"{what} must have an integer dtype, got {arr.dtype}")
-    lo, hi = int(arr.min()), int(arr.max())
-    if lo < 0 or hi >= _TOKEN_LIMIT:
-        raise ValueError(f"{what} token ids must lie in [0, 2**31), got range [{lo}, {hi}]")
-    return np.array(arr, dtype=np.int32)
+_GLOBAL_KEY = 2**64 - 1  # HistoryIndex::kGlobalKey
 
 
-def group_rollouts(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
-                   problem_keys: Sequence[int] | None = None) -> tuple[dict[int, tuple[np.ndarray, list[np.ndarray]]],
-                                                                      dict]:
-    """Validate one push's rollouts and group them by problem (the shared front half of ``add_rollouts``).
-
-    Returns:
-        ``({problem_key: (prompt int32 array, [non-empty completion int32 arrays])}, summary)`` with summary
-        ``{"problems", "sequences", "tokens"}`` (problems with at least one non-empty completion, completions,
-        completion tokens).
-
-    Raises:
-        ValueError: mismatched lengths, ids not ints in ``[0, 2**31)``, or keys not ints in ``[0, 2**63)``. Nothing
-            is changed then (the caller has not touched its state yet).
-    """
-    if len(prompts) != len(completions):
-        raise ValueError(f"got {len(prompts)} prompts but {len(completions)} completions")
-    if problem_keys is not None and len(problem_keys) != len(prompts):
-        raise ValueError(f"got {len(problem_keys)} problem_keys for {len(prompts)} rollouts")
-    groups: dict[int, tuple[np.ndarray, list[np.ndarray]]] = {}
-    for i, (prompt, comp) in enumerate(zip(prompts, completions)):
-        p = _as_tokens(prompt, f"prompts[{i}]")
-        c = _as_tokens(comp, f"completions[{i}]")
-        if problem_keys is not None:
-            k = problem_keys[i]
-            if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or not 0 <= int(k) < 2**63:
-                raise ValueError(f"problem_keys[{i}] must be an int in [0, 2**63), got {k!r}")
-            key = int(k)
-        else:
-            key = _problem_key(p)
-        entry = groups.setdefault(key, (p, []))
-        if len(c):
-            entry[1].append(c)
-    summary = {"problems": sum(1 for _, comps in groups.values() if comps),
-               "sequences": sum(len(comps) for _, comps in groups.values()),
-               "tokens": sum(len(c) for _, comps in groups.values() for c in comps)}
-    return groups, summary
-
-
-class DASDrafter:
-    """Suffix-tree drafter over a GRPO run's own rollout history (DAS, arXiv 2511.13841).
+class NativeDASDrafter:
+    """DAS drafter backed by the native core. See the module docstring; each method's contract is the reference's
+    (:class:`~das_trl.drafter.reference.DASDrafter`).
 
     Args:
-        config: :class:`DrafterConfig` (defaults if ``None``).
+        config: :class:`DrafterConfig` (defaults if ``None``); ``builder_threads`` native threads build history.
 
-    Thread-safety: every public method takes one re-entrant lock. ``add_rollouts(...,
-    background=True)`` applies a step on the drafter's own updater thread in small
-    pieces, releasing the lock in between, so ``propose`` (the engine's critical path)
-    waits for one piece at most (stall measured by ``das_trl/bench/drafter_speed.py``).
+    Raises:
+        ImportError: the native core is not built (the message says how to build it).
+        ValueError: a config the native core cannot hold (e.g. ``max_spec_tokens`` > 64).
+
+    Thread-safety: every method may be called from any thread; the native core has its own lock and releases the GIL
+    while drafting and while waiting for history builds.
     """
 
-    def __init__(self, config: DrafterConfig | None = None, tree_factory: Callable | None = None) -> None:
+    def __init__(self, config: DrafterConfig | None = None) -> None:
         self.config = config if config is not None else DrafterConfig()
-        # Suffix-tree class: arctic-inference's SuffixTree (default), or reference_tree.ReferenceSuffixTree, whose
-        # ties between equally frequent continuations go to the smallest token as in the native core (tests).
-        self._tree_factory = tree_factory
+        self._mod = _native.load()
+        c = self.config
+        self._core = self._mod.Drafter({
+            "max_tree_depth": c.max_tree_depth, "match_context_tokens": c.match_context_tokens,
+            "max_spec_tokens": c.max_spec_tokens, "max_spec_factor": float(c.max_spec_factor),
+            "max_spec_offset": float(c.max_spec_offset), "min_token_prob": float(c.min_token_prob),
+            "min_match_len": c.min_match_len, "use_problem_tree": c.use_problem_tree,
+            "use_global_tree": c.use_global_tree, "use_local_tree": c.use_local_tree,
+            "share_running_siblings": c.share_running_siblings, "share_running_batch": c.share_running_batch,
+            "prompt_tail_tokens": c.prompt_tail_tokens,
+            "live_token_budget": int(getattr(c, "live_token_budget", 2_000_000)), "support_ngram": c.support_ngram,
+            "evidence_pseudocount": float(c.evidence_pseudocount),
+            "match_len_pseudocount": float(c.match_len_pseudocount),
+            "truncate_by_evidence": c.truncate_by_evidence, "calibrate_acceptance": c.calibrate_acceptance,
+            "calibration_pseudocount": float(c.calibration_pseudocount),
+            "calibration_step_decay": float(c.calibration_step_decay),
+            "builder_threads": int(getattr(c, "builder_threads", 1)),
+            "draft_threads": int(getattr(c, "draft_threads", 1)),
+        })
         self._lock = threading.RLock()
-        self._updates_done = threading.Condition(self._lock)
-        self._updater: ThreadPoolExecutor | None = None
-        self._pending = 0
-        self._engine_waiting = 0  # engine-path callers waiting for the lock (see _engine_lock)
-        self._update_errors = 0
-        self._update_seconds = 0.0
-        self._clear()
+        self._clear_python()
 
-    def _clear(self) -> None:
+    def _clear_python(self) -> None:
         self._history = RolloutHistory(self.config.window, self.config.history_token_budget)
-        trees = {} if self._tree_factory is None else {"tree_factory": self._tree_factory}
-        self._index = HistoryIndex(self.config, **trees)
-        self._live = LivePool(self.config, **trees)
-        self._proposals = 0
-        self._drafts = 0
-        self._draft_tokens = 0
-        self._requests = 0
-        self._wins: Counter[str] = Counter({s: 0 for s in SOURCE_ORDER})
-        self._calibrator = (AcceptanceCalibrator(SOURCE_ORDER, pseudocount=self.config.calibration_pseudocount,
-                                                 step_decay=self.config.calibration_step_decay)
-                            if self.config.calibrate_acceptance else None)
-        # request -> (source, match length, prior a_i) of its last draft, until verification is reported
-        self._unverified: dict[str, tuple[str, int, list[float]]] = {}
-        self._verified_drafts = 0
-        self._verified_tokens = 0
-        self._accepted_tokens = 0
+        self._slots: dict[str, int] = {}
+        self._free: list[int] = []
+        self._requests_started = 0
 
     # ------------------------------------------------------------------ history
     def add_rollouts(self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
                      problem_keys: Sequence[int] | None = None, *, background: bool = False) -> dict:
-        """Push one GRPO step's rollouts into the history and the trees.
-
-        Args:
-            prompts: prompt token ids per rollout; ``prompts[i]`` pairs with
-                ``completions[i]`` (siblings repeat the same prompt).
-            completions: completion token ids per rollout (empty ones are ignored).
-            problem_keys: optional explicit key per rollout (int in ``[0, 2**63)``);
-                defaults to :func:`problem_key` of each prompt.
-            background: update the history now (cheap) and the suffix trees on the
-                drafter's updater thread, then return at once. Tree work is done in
-                ``HistoryIndex.chunk_tokens``-token pieces with the lock released in
-                between, so concurrent ``propose`` calls wait for at most one piece, not
-                the whole step (the engine's critical path). Tree updates are applied in
-                push order; :meth:`wait_for_updates` blocks until they are done.
-
-        Rollouts of the same problem in one call form one appearance. Finished sibling
-        outputs of those problems, kept visible since their requests stopped, are
-        released now that their completions are in the history.
-
-        Returns:
-            ``{"problems", "sequences", "tokens", "evicted"}``: problems and non-empty
-            sequences added, completion tokens added, appearances evicted; plus
-            ``"queued": True`` in background mode.
+        """Push one GRPO step's rollouts (see :meth:`DASDrafter.add_rollouts`). The changed problems' automata and
+        the global one are rebuilt on native threads; ``background=False`` waits for them.
 
         Raises:
-            ValueError: mismatched lengths, ids not ints in ``[0, 2**31)``, or bad
-                problem keys. Nothing is changed then.
+            ValueError: bad input (nothing is changed).
         """
         groups, summary = group_rollouts(prompts, completions, problem_keys)
+        tail_n = self.config.prompt_tail_tokens
         with self._lock:
-            # History first, synchronously (cheap deque work): stats, digests and saved state see the push at once.
-            new_ids, evicted = [], []
+            changed: set[int] = set()
+            pushed: list[int] = []
             for key, (prompt, comps) in groups.items():
                 if not comps:
                     continue
-                evicted += self._history.add(key, comps, prompt[-self.config.prompt_tail_tokens:]
-                                             if self.config.prompt_tail_tokens else prompt[:0])
-                new_ids.append(self._history.last_appearance_id)
-                self._live.release_finished(key)
-            if self._calibrator is not None and new_ids:
-                self._calibrator.new_step()  # one push = one training step: older acceptance evidence weighs less
-            gone = {app_id for _, app_id in evicted}
-            removals = [a for a in gone if a not in new_ids]
-            inserts = [self._history.appearance(a) for a in new_ids if a not in gone]
-            summary["evicted"] = len(evicted)
-            if not background and self._pending == 0:
-                self._index.remove(removals)
-                self._index.insert(inserts)
-                return summary
-            self._pending += 1  # trees are updated in push order, behind earlier queued updates
-        future = self._executor().submit(self._index_in_background, removals, inserts)
-        if not background:
-            future.result()
-        else:
+                evicted = self._history.add(key, comps, prompt[-tail_n:] if tail_n else prompt[:0])
+                pushed.append(key)
+                changed.add(key)
+                changed.update(k for k, _ in evicted)
+                summary["evicted"] = summary.get("evicted", 0) + len(evicted)
+            summary.setdefault("evicted", 0)
+            if pushed:
+                self._core.release_finished(pushed)
+                self._core.new_step()  # one push = one training step: older acceptance evidence weighs less
+            if self.config.use_problem_tree:
+                for key in changed:
+                    self._submit_problem(key)
+            if self.config.use_global_tree and changed:
+                self._submit_global()
+        if background:
             summary["queued"] = True
+        else:
+            self._core.wait_history(-1.0)
         return summary
 
-    def _index_in_background(self, removals: list[int], inserts: list) -> None:
-        started = time.perf_counter()
-        try:
-            with self._lock:
-                self._index.remove(removals, self._yield_lock)
-                self._index.insert(inserts, self._yield_lock)
-        except Exception:  # pragma: no cover - inputs were validated; never kill the updater thread
-            logger.exception("DAS tree update failed; drafts may miss this step's history")
-            with self._lock:
-                self._update_errors += 1
-        finally:
-            with self._lock:
-                self._pending -= 1
-                self._update_seconds += time.perf_counter() - started
-                self._updates_done.notify_all()
+    def _pack(self, seqs: list[np.ndarray], weights: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        lens = np.fromiter((len(s) for s in seqs), dtype=np.int64, count=len(seqs))
+        offsets = np.zeros(len(seqs) + 1, np.int64)
+        np.cumsum(lens, out=offsets[1:])
+        tokens = np.concatenate(seqs).astype(np.int32, copy=False) if seqs else np.zeros(0, np.int32)
+        return tokens, offsets, np.asarray(weights, dtype=np.int32)
 
-    @contextmanager
-    def _engine_lock(self) -> Iterator[None]:
-        """The lock, for calls on the engine's critical path and quick RPCs (stats, state): announces the caller so
-        that a background tree update pausing between two pieces waits until it got the lock (``RLock`` is not fair:
-        a releasing thread may take it straight back, and under load the waiter starved for seconds)."""
-        self._engine_waiting += 1
-        try:
-            self._lock.acquire()
-        finally:
-            self._engine_waiting -= 1
-        try:
-            yield
-        finally:
-            self._lock.release()
+    def _submit_problem(self, key: int) -> None:
+        apps = list(self._history.appearances(key))
+        if not apps:
+            self._core.drop_history(key)
+            return
+        seqs, weights = [], []
+        w_new = self.config.recent_appearance_weight
+        for i, app in enumerate(apps):
+            w = w_new if i == len(apps) - 1 else 1
+            for comp in app.completions:
+                seqs.append(np.concatenate([app.prompt_tail, comp]))
+                weights.append(w)
+        self._core.submit_history(key, *self._pack(seqs, weights))
 
-    def _yield_lock(self) -> None:
-        """Let engine-path callers in between two pieces of tree work (the updater holds the lock once)."""
-        self._lock.release()
-        time.sleep(0)  # hands the GIL over too: arctic's tree calls hold it
-        deadline = time.perf_counter() + 0.05
-        while self._engine_waiting and time.perf_counter() < deadline:
-            time.sleep(0.0001)
-        self._lock.acquire()
-
-    def _executor(self) -> ThreadPoolExecutor:
-        with self._lock:
-            if self._updater is None:
-                self._updater = ThreadPoolExecutor(max_workers=1, thread_name_prefix="das-history")
-            return self._updater
+    def _submit_global(self) -> None:
+        k = self.config.global_samples_per_appearance
+        seqs = []
+        for app in self._history.appearances():
+            comps = app.completions if k == 0 else app.completions[:k]
+            seqs.extend(np.concatenate([app.prompt_tail, c]) for c in comps)
+        if not seqs:
+            self._core.drop_history(_GLOBAL_KEY)
+            return
+        self._core.submit_history(_GLOBAL_KEY, *self._pack(seqs, [1] * len(seqs)))
 
     def wait_for_updates(self, timeout: float | None = None) -> bool:
-        """Block until every background ``add_rollouts`` has been applied.
-
-        Args:
-            timeout: seconds to wait at most (``None``: no limit).
-
-        Returns:
-            True when nothing is pending, False on timeout.
-        """
-        with self._lock:
-            return self._updates_done.wait_for(lambda: self._pending == 0, timeout)
+        """Block until every queued history build is applied (``timeout`` seconds at most; ``None``: no limit).
+        Returns True when nothing is pending."""
+        return bool(self._core.wait_history(-1.0 if timeout is None else float(timeout)))
 
     # ------------------------------------------------------------------ requests
     def start_request(self, request_id: str, prompt_token_ids: Sequence[int] | np.ndarray,
                       problem_key: int | None = None) -> None:
-        """Begin drafting for a request.
-
-        Args:
-            request_id: engine request id (any hashable str).
-            prompt_token_ids: 1-D prompt ids in ``[0, 2**31)``.
-            problem_key: explicit problem id; defaults to :func:`problem_key` of the prompt.
-
-        Raises:
-            ValueError: request already active, or invalid prompt ids.
-        """
-        prompt = _as_tokens(prompt_token_ids, "prompt_token_ids")
+        """Begin drafting for a request. Raises ``ValueError`` (already active, bad ids or key)."""
+        prompt = as_tokens(prompt_token_ids, "prompt_token_ids")
         key = _problem_key(prompt) if problem_key is None else int(problem_key)
-        with self._engine_lock():
-            self._live.start(request_id, prompt, key)
-            self._unverified.pop(request_id, None)
-            self._requests += 1
+        if not 0 <= key < 2**63:
+            raise ValueError(f"problem_key must be an int in [0, 2**63), got {problem_key!r}")
+        with self._lock:
+            if request_id in self._slots:
+                raise ValueError(f"request {request_id!r} is already active")
+            slot = self._free.pop() if self._free else len(self._slots) + len(self._free)
+            while slot in self._slots.values():  # only after reset-free reuse patterns; cheap in practice
+                slot += 1
+            self._core.start(slot, prompt, key)
+            self._slots[request_id] = slot
+            self._requests_started += 1
+
+    def _slot(self, request_id: str) -> int:
+        slot = self._slots.get(request_id)
+        if slot is None:
+            raise KeyError(f"request {request_id!r} is not active (call start_request first)")
+        return slot
 
     def extend_request(self, request_id: str, new_token_ids: Sequence[int] | np.ndarray) -> None:
-        """Append tokens just sampled/accepted for a request (its output grows).
-
-        Raises:
-            KeyError: unknown request. ValueError: invalid ids.
-        """
-        tokens = _as_tokens(new_token_ids, "new_token_ids").tolist()
-        with self._engine_lock():
-            if request_id not in self._live:
-                raise KeyError(f"request {request_id!r} is not active (call start_request first)")
-            self._live.extend(request_id, tokens)
+        """Append tokens to a request's output. Raises ``KeyError`` (unknown) or ``ValueError`` (bad ids)."""
+        tokens = as_tokens(new_token_ids, "new_token_ids")
+        with self._lock:
+            self._core.extend(self._slot(request_id), tokens)
 
     def stop_request(self, request_id: str) -> None:
-        """End a request. Its output stays visible to siblings and the batch tree until its
-        problem's next push, within ``config.live_token_budget``: after the stop, while the
-        finished outputs hold more tokens than that, the oldest finished output is dropped.
-
-        Raises:
-            KeyError: unknown request.
-        """
-        with self._engine_lock():
-            if request_id not in self._live:
-                raise KeyError(f"request {request_id!r} is not active")
-            self._live.stop(request_id)
-            self._unverified.pop(request_id, None)
+        """End a request (its output lingers for siblings). Raises ``KeyError`` if unknown."""
+        with self._lock:
+            slot = self._slot(request_id)
+            self._core.stop(slot)
+            del self._slots[request_id]
+            self._free.append(slot)
 
     def problem_of(self, request_id: str) -> int:
         """Problem key of an active request. Raises ``KeyError`` if it is not active."""
-        with self._engine_lock():
-            return self._live.problem_of(request_id)
+        with self._lock:
+            return int(self._core.problem_of(self._slot(request_id)))
 
     def history_problems(self) -> list[int]:
         """Keys of the problems with history (a new list)."""
-        with self._engine_lock():
+        with self._lock:
             return self._history.problems()
 
     def history_lengths(self, problem_key: int) -> np.ndarray:
-        """Completion lengths (tokens, ``np.int64``, oldest first) in a problem's window; empty if unknown."""
-        with self._engine_lock():
+        """Completion lengths (``np.int64``, oldest first) in a problem's window; empty if unknown."""
+        with self._lock:
             return self._history.lengths(problem_key)
 
     @property
     def active_requests(self) -> set[str]:
         """Ids of requests started and not stopped (a new set)."""
         with self._lock:
-            return self._live.request_ids
+            return set(self._slots)
 
     # ------------------------------------------------------------------ drafting
     def propose(self, request_id: str, context: np.ndarray | Sequence[int] | None, max_tokens: int) -> list[int]:
-        """Draft the next tokens of a request.
-
-        Args:
-            request_id: an active request.
-            context: the request's full context (prompt + output) or its tail; only the
-                last ``match_context_tokens`` tokens are used (int array or sequence of ints).
-                ``None``: the request's own prompt + the tokens given to :meth:`extend_request`.
-            max_tokens: draft budget this round; the draft has at most
-                ``min(max_tokens, config.max_spec_tokens)`` tokens. ``<= 0`` -> ``[]``.
-
-        Returns:
-            Chain draft (list of int), possibly empty; cut where the evidence-adjusted
-            probability falls below ``min_token_prob``.
+        """Draft the next tokens of one request (``context`` is ignored: the request's own text is used).
 
         Raises:
             KeyError: unknown request.
         """
-        best = self._propose_one(request_id, context, max_tokens)
-        return list(best.token_ids) if best is not None else []
+        return self.propose_batch([request_id], [max_tokens]).row(0)
 
     def propose_batch(self, request_ids: Sequence[str], max_tokens: Sequence[int] | np.ndarray,
-                      contexts: Sequence[np.ndarray | Sequence[int] | None] | None = None) -> DraftBatch:
-        """Draft for many requests at once (one engine step): :meth:`propose` per row, as arrays.
-
-        Args:
-            request_ids: ``n`` active requests.
-            max_tokens: ``int [n]`` per-row budget (each capped at ``config.max_spec_tokens``; ``<= 0``: no draft).
-            contexts: per-row context as in :meth:`propose`, or ``None`` for every row's own prompt + output.
-
-        Returns:
-            :class:`~das_trl.drafter.draft_batch.DraftBatch` of width ``config.max_spec_tokens`` with the calibrated
-            per-position acceptance estimates of every draft.
+                      contexts: Sequence | None = None) -> DraftBatch:
+        """Drafts of many requests in one native call (see :meth:`DASDrafter.propose_batch`; ``contexts`` ignored).
 
         Raises:
-            KeyError: an unknown request (drafts of earlier rows were made). ValueError: length mismatch.
+            KeyError: an unknown request (no row was drafted). ValueError: length mismatch.
         """
         n = len(request_ids)
         budgets = np.asarray(max_tokens, dtype=np.int64).reshape(-1)
-        if len(budgets) != n or (contexts is not None and len(contexts) != n):
-            raise ValueError(f"propose_batch: {n} request_ids but {len(budgets)} max_tokens"
-                             + ("" if contexts is None else f" and {len(contexts)} contexts"))
+        if len(budgets) != n:
+            raise ValueError(f"propose_batch: {n} request_ids but {len(budgets)} max_tokens")
         out = DraftBatch.empty(n, self.config.max_spec_tokens)
-        for i, rid in enumerate(request_ids):
-            best = self._propose_one(rid, None if contexts is None else contexts[i], int(budgets[i]))
-            if best is None:
-                continue
-            k = len(best.token_ids)
-            out.tokens[i, :k] = best.token_ids
-            out.accept[i, :k] = best.accept
-            out.lengths[i] = k
-            out.source[i] = SOURCE_ORDER.index(best.source)
-            out.match_len[i] = best.match_len
+        with self._lock:
+            slots = np.fromiter((self._slot(r) for r in request_ids), dtype=np.int32, count=n)
+        self._core.propose(slots, np.clip(budgets, -1, 2**31 - 1).astype(np.int32), out.tokens, out.accept,
+                           out.lengths, out.source, out.match_len)
         return out
 
     def step(self, request_ids: Sequence[str], token_matrix: np.ndarray, rows: np.ndarray, num_tokens: np.ndarray,
              num_prompt: np.ndarray, num_sampled: np.ndarray, num_verified: np.ndarray,
              max_tokens: np.ndarray) -> DraftBatch:
-        """One engine step for active requests whose texts live in a token matrix (vLLM's ``token_ids_cpu``).
-
-        Row ``i`` is ``request_ids[i]``, with text ``token_matrix[rows[i], :num_tokens[i]]`` (prompt of
-        ``num_prompt[i]`` tokens) and ``num_sampled[i] >= 1`` tokens gained this step. Per row: the previous draft's
-        verification is reported (``accepted = min(verified, num_sampled - 1)``, ``verified`` = the draft length as
-        sent, capped by ``num_verified[i]`` when ``>= 0``); the output tokens not yet seen are appended (a request
-        whose output shrank, i.e. was preempted and recomputed, is restarted from its prompt); then every row is
-        drafted with budget ``max_tokens[i]`` (:meth:`propose_batch`).
-
-        Args:
-            token_matrix: ``int [R, L]``; rows, num_tokens, num_prompt, num_sampled, num_verified, max_tokens:
-                ``int [n]``.
+        """One engine step in one native call (see :meth:`DASDrafter.step`): verification reports, new tokens read
+        in place from ``token_matrix`` (``int32 [R, L]``, C-contiguous; other layouts are copied), drafts.
 
         Raises:
             KeyError: an unknown request. ValueError: shapes or lengths out of range (nothing changed).
         """
         n = len(request_ids)
-        cols = [np.asarray(a, dtype=np.int64).reshape(-1) for a in
-                (rows, num_tokens, num_prompt, num_sampled, num_verified, max_tokens)]
-        if any(len(a) != n for a in cols) or np.ndim(token_matrix) != 2:
-            raise ValueError(f"step: {n} request_ids, every array needs n entries and token_matrix 2 dims")
-        rows_, nt, npr, ns, nv, mt = cols
-        R, L = np.shape(token_matrix)
-        bad = (rows_ < 0) | (rows_ >= R) | (npr < 0) | (npr > nt) | (nt > L) | (ns < 0)
-        if bad.any():
-            i = int(np.nonzero(bad)[0][0])
-            raise ValueError(f"step: row {i} has matrix row {rows_[i]}, num_prompt {npr[i]}, num_tokens {nt[i]} "
-                             f"(matrix {R} x {L})")
-        with self._engine_lock():
-            for rid in request_ids:
-                if rid not in self._live:
-                    raise KeyError(f"request {rid!r} is not active (call start_request first)")
-            for i, rid in enumerate(request_ids):
-                text = token_matrix[rows_[i]]
-                prompt_len, out_len = self._live.lengths(rid)
-                num_output = int(nt[i] - npr[i])
-                if out_len > num_output or prompt_len != npr[i]:
-                    key = self._live.problem_of(rid)
-                    self.stop_request(rid)
-                    self.start_request(rid, text[:npr[i]], problem_key=key)
-                    out_len = 0
-                else:
-                    pending = self._unverified.get(rid)
-                    if pending is not None and ns[i] > 0:
-                        verified = len(pending[2]) if nv[i] < 0 else min(len(pending[2]), int(nv[i]))
-                        self.record_acceptance(rid, min(verified, int(ns[i]) - 1), verified)
-                if num_output > out_len:
-                    self.extend_request(rid, text[npr[i] + out_len:nt[i]])
-            return self.propose_batch(request_ids, mt)
+        out = DraftBatch.empty(n, self.config.max_spec_tokens)
+        i32 = (lambda a: np.ascontiguousarray(np.asarray(a).reshape(-1), dtype=np.int32))
+        cols = [i32(a) for a in (rows, num_tokens, num_prompt, num_sampled, num_verified,
+                                 np.clip(np.asarray(max_tokens, dtype=np.int64), -1, 2**31 - 1))]
+        if any(len(a) != n for a in cols):
+            raise ValueError(f"step: {n} request_ids, every array needs n entries")
+        matrix = np.ascontiguousarray(token_matrix, dtype=np.int32)
+        if matrix.ndim != 2:
+            raise ValueError(f"step: token_matrix must be 2-D, got shape {matrix.shape}")
+        with self._lock:
+            slots = np.fromiter((self._slot(r) for r in request_ids), dtype=np.int32, count=n)
+        self._core.step(matrix, slots, *cols, out.tokens, out.accept, out.lengths, out.source, out.match_len)
+        return out
 
     def trim(self, request_ids: Sequence[str], lengths: Sequence[int] | np.ndarray) -> None:
-        """Cut each request's outstanding draft to ``lengths[i]`` tokens: what was really sent for verification
-        (e.g. after the budget controller). Counters follow (a draft cut to 0 is no draft). Unknown ids are ignored."""
-        with self._engine_lock():
-            for rid, keep in zip(request_ids, np.asarray(lengths, dtype=np.int64).tolist()):
-                pending = self._unverified.get(rid)
-                if pending is None or len(pending[2]) <= keep:
-                    continue
-                source, match_len, prior = pending
-                self._draft_tokens -= len(prior) - max(keep, 0)
-                if keep <= 0:
-                    self._drafts -= 1
-                    self._wins[source] -= 1
-                    del self._unverified[rid]
-                else:
-                    self._unverified[rid] = (source, match_len, prior[:keep])
-
-    def _propose_one(self, request_id: str, context, max_tokens: int):
-        cfg = self.config
-        if context is None:
-            ctx = None
-        else:
-            tail = context[-cfg.match_context_tokens:]
-            ctx = tail.tolist() if isinstance(tail, np.ndarray) else [int(t) for t in tail]
-        with self._engine_lock():
-            if request_id not in self._live:
-                raise KeyError(f"request {request_id!r} is not active (call start_request first)")
-            self._unverified.pop(request_id, None)  # a draft that was never reported verified teaches nothing
-            k = min(int(max_tokens), cfg.max_spec_tokens)
-            if k <= 0:
-                return None
-            if ctx is None:
-                ctx = self._live.context_tail(request_id)
-            self._proposals += 1
-            key = self._live.problem_of(request_id)
-            cands = self._index.candidates(key, ctx, k) + self._live.candidates(request_id, ctx, k)
-            order = {s: i for i, s in enumerate(SOURCE_ORDER)}
-            cands.sort(key=lambda c: order[c.source])
-            best = choose(cands, cfg.evidence_pseudocount, cfg.match_len_pseudocount,
-                          cfg.min_token_prob, cfg.truncate_by_evidence, self._calibrator)
-            if best is None:
-                return None
-            self._unverified[request_id] = (best.source, best.match_len, best.prior)
-            self._drafts += 1
-            self._draft_tokens += len(best.token_ids)
-            self._wins[best.source] += 1
-            return best
+        """Cut outstanding drafts to what was sent (see :meth:`DASDrafter.trim`). Unknown ids are ignored."""
+        with self._lock:
+            pairs = [(self._slots[r], k) for r, k in zip(request_ids, np.asarray(lengths).tolist()) if r in self._slots]
+        if pairs:
+            slots, keep = zip(*pairs)
+            self._core.trim(np.asarray(slots, np.int32), np.clip(np.asarray(keep, np.int64), 0, 2**31 - 1)
+                            .astype(np.int32))
 
     def record_acceptance(self, request_id: str, num_accepted: int, num_verified: int | None = None) -> None:
-        """Report how many tokens of the request's last draft verification accepted (a prefix of the draft).
-
-        Feeds the acceptance calibrator (``calibration.py``; a no-op with ``calibrate_acceptance=False``). Call it
-        once per verified draft, before the next :meth:`propose` for the request; a report without a draft
-        outstanding (none proposed, already reported, request restarted) is ignored, so callers may report every
-        round.
-
-        Args:
-            request_id: the request.
-            num_accepted: accepted draft tokens (clipped to ``[0, num_verified]``).
-            num_verified: how many of the draft's tokens verification saw (vLLM trims a draft to fit the step's
-                token budget; trimmed tokens were neither accepted nor rejected and teach nothing). ``None``: all.
-        """
-        with self._engine_lock():
-            pending = self._unverified.pop(request_id, None)
-            if pending is None:
+        """Report the verification outcome of a request's last draft (see :meth:`DASDrafter.record_acceptance`);
+        unknown requests and reports without a draft outstanding are ignored."""
+        with self._lock:
+            slot = self._slots.get(request_id)
+            if slot is None:
                 return
-            source, match_len, prior = pending
-            if num_verified is not None:
-                prior = prior[:max(0, int(num_verified))]
-            self._verified_drafts += 1
-            self._verified_tokens += len(prior)
-            self._accepted_tokens += min(max(int(num_accepted), 0), len(prior))
-            if self._calibrator is not None and prior:
-                self._calibrator.observe(source, match_len, prior, num_accepted)
+            self._core.record_acceptance(slot, int(num_accepted), -1 if num_verified is None else int(num_verified))
 
     def acceptance_totals(self) -> tuple[int, int, int]:
-        """``(verified drafts, verified draft tokens, accepted draft tokens)`` reported so far (cheap: for per-step
-        deltas on the engine path)."""
-        with self._engine_lock():
-            return self._verified_drafts, self._verified_tokens, self._accepted_tokens
+        """``(verified drafts, verified draft tokens, accepted draft tokens)`` reported so far."""
+        return tuple(self._core.acceptance_totals())
 
     def calibration(self) -> dict[str, list[list[float]]]:
-        """The calibrator's observed/predicted ratios, source -> [match-length bucket][prior bin] (buckets 1, 2,
-        3-4, 5-8, 9+ tokens; bins 0.0-0.1, ..., 0.9-1.0); ``{}`` when calibration is off."""
-        with self._engine_lock():
-            return self._calibrator.table() if self._calibrator is not None else {}
+        """Observed/predicted ratios, source -> [match-length bucket][prior bin]; ``{}`` when calibration is off."""
+        if not self.config.calibrate_acceptance:
+            return {}
+        bins = 10
+        return {name: [[round(self._core.calibration_ratio(i, b, x), 3) for x in range(bins)]
+                       for b in range(len(MATCH_BUCKETS) + 1)] for i, name in enumerate(SOURCE_ORDER)}
 
     # ------------------------------------------------------------------ bookkeeping
     def stats(self) -> dict:
-        """History stats plus ``proposals`` (propose calls with a budget), ``drafts``
-        (non-empty drafts), ``draft_tokens``, ``requests`` (started), ``wins`` (dict
-        source -> winning drafts), ``verified_drafts`` / ``accepted_tokens`` (reported by
-        :meth:`record_acceptance`), ``calibration_tokens`` (verified draft tokens the calibrator
-        learned from), index sizes, the live pool's figures (``LivePool.stats``:
-        ``active_requests``, ``lingering_finished``, ``live_running_tokens``,
-        ``live_finished_tokens`` (<= ``live_token_budget``), ``live_evicted_outputs``,
-        ``live_evicted_tokens``, ``live_tree_tokens``, ``live_approx_bytes``), and the
-        background updater's ``pending_updates``, ``update_errors`` and ``update_seconds``
-        (time spent applying background updates, lock pauses included)."""
-        with self._engine_lock():
+        """The reference drafter's stats keys plus the native core's memory figures: ``index_bytes`` (problem
+        automata), ``global_bytes``, ``live_bytes`` (own-text, sibling and batch automata, sequences and gram sets;
+        also under the reference's key ``live_approx_bytes``, here measured), ``bytes_per_history_token``
+        ((index + global) bytes / history tokens), the reference's ``live_*`` token figures, ``live_rebuilds`` (group
+        automata rebuilt after losing members)."""
+        with self._lock:
             out = self._history.stats()
-            out.update(self._index.stats())
-            out.update(self._live.stats())
-            out.update(proposals=self._proposals, drafts=self._drafts,
-                       draft_tokens=self._draft_tokens, requests=self._requests,
-                       wins=dict(self._wins), verified_drafts=self._verified_drafts,
-                       accepted_tokens=self._accepted_tokens,
-                       calibration_tokens=self._calibrator.observed_tokens if self._calibrator else 0,
-                       pending_updates=self._pending,
-                       update_errors=self._update_errors, update_seconds=self._update_seconds)
-            return out
+        s = self._core.stats()
+        wins = Counter({name: int(s["wins"][i]) for i, name in enumerate(SOURCE_ORDER)})
+        history_tokens = max(1, out["tokens"])
+        out.update(
+            problem_trees=s["index_problems"], global_seqs=None, support_table_bytes=0,
+            active_requests=s["active_requests"], sibling_groups=s["sibling_groups"],
+            lingering_finished=s["lingering_finished"], proposals=s["proposals"], drafts=s["drafts"],
+            draft_tokens=s["draft_tokens"], requests=s["requests"], wins=dict(wins),
+            verified_drafts=s["verified_drafts"], accepted_tokens=s["accepted_tokens"],
+            calibration_tokens=s["calibration_tokens"], pending_updates=s["pending_updates"],
+            update_errors=s["update_errors"], update_seconds=s["update_seconds"],
+            index_bytes=s["index_bytes"], global_bytes=s["global_bytes"], live_bytes=s["live_bytes"],
+            bytes_per_history_token=(s["index_bytes"] + s["global_bytes"]) / history_tokens if out["tokens"] else 0.0,
+            live_running_tokens=s["live_running_tokens"], live_finished_tokens=s["live_finished_tokens"],
+            live_token_budget=self.config.live_token_budget, live_evicted_outputs=s["live_evicted_outputs"],
+            live_evicted_tokens=s["live_evicted_tokens"],
+            live_tree_tokens=s["live_local_tokens"] + s["live_group_tokens"], live_approx_bytes=s["live_bytes"],
+            live_rebuilds=s["live_rebuilds"], backend="native")
+        out["global_seqs"] = out.pop("global_seqs") or 0
+        return out
 
     def reset(self) -> None:
-        """Drop history, trees, live requests and counters (config kept); waits for
-        pending background updates first."""
-        self.wait_for_updates()
-        with self._lock:  # keep the lock object: other threads may be waiting on it
-            self._clear()
+        """Drop history, automata, live requests and counters (config kept)."""
+        with self._lock:
+            self._core.clear_history()
+            self._core.reset_requests()
+            self._clear_python()
 
     def state_dict(self) -> dict:
-        """Persistable state: ``{"history": RolloutHistory.to_state(), "config": dict}``
-        (numpy arrays, ints, plain dicts; no pickled objects)."""
-        # No wait for background tree updates: the history itself is updated synchronously by add_rollouts.
-        with self._engine_lock():
+        """``{"history": RolloutHistory.to_state(), "config": dict}`` (as the reference drafter)."""
+        with self._lock:
             return {"history": self._history.to_state(), "config": self.config.to_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        """Replace the history with a saved one and rebuild the trees.
-
-        The current config's ``window``/``history_token_budget`` apply (a smaller one
-        trims). Live requests are kept. Raises ``ValueError`` on a malformed state.
-        """
-        self.wait_for_updates()
-        hist = RolloutHistory.from_state(state["history"], self.config.window,
-                                         self.config.history_token_budget)
-        index = HistoryIndex(self.config, **({} if self._tree_factory is None else {"tree_factory": self._tree_factory}))
-        index.insert(list(hist.appearances()))
+        """Replace the history with a saved one and rebuild the automata (waits for them). Live requests are kept.
+        Raises ``ValueError`` on a malformed state."""
+        hist = RolloutHistory.from_state(state["history"], self.config.window, self.config.history_token_budget)
         with self._lock:
-            self._history, self._index = hist, index
+            old = set(self._history.problems())
+            self._history = hist
+            if self.config.use_problem_tree:
+                for key in old | set(hist.problems()):
+                    self._submit_problem(key)
+            if self.config.use_global_tree:
+                self._submit_global()
+        self._core.wait_history(-1.0)
+
+    def check(self) -> str:
+        """Native structural self-check (tests): ``""`` when consistent."""
+        return self._core.check()

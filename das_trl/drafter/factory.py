@@ -6,32 +6,40 @@ import logging
 
 from . import native
 from .config import DrafterConfig
-from .drafter import DASDrafter
 
 logger = logging.getLogger(__name__)
 _warned = False
 
 
 def create_drafter(config: DrafterConfig | None = None):
-    """Return a :class:`~das_trl.drafter.native_drafter.NativeDASDrafter` or a
-    :class:`~das_trl.drafter.drafter.DASDrafter` for ``config.backend``.
+    """Return a :class:`~das_trl.drafter.drafter.NativeDASDrafter` or a
+    :class:`~das_trl.drafter.reference.DASDrafter` for ``config.backend``.
 
     ``"auto"`` takes the native core when it is built and otherwise logs one warning and uses the Python reference
-    (same drafts up to ties, several times more CPU per round on the engine's critical path).
+    (same drafts up to ties, several times more CPU per round on the engine's critical path). Only the reference
+    imports ``das_trl.drafter.reference`` (and arctic-inference).
 
     Raises:
-        ImportError: ``backend="native"`` and the core is not built; the message says how to build it.
+        ImportError: ``backend="native"`` and the core is not built (the message says how to build it);
+            ``backend="python"`` (or ``"auto"`` without the core) and arctic-inference is missing (the message names
+            the ``reference`` extra).
     """
     global _warned
     config = config if config is not None else DrafterConfig()
-    if config.backend == "python":
-        return DASDrafter(config)
-    if config.backend == "native" or native.available():
-        from .native_drafter import NativeDASDrafter
+    if config.backend == "native" or (config.backend == "auto" and native.available()):
+        from .drafter import NativeDASDrafter
 
         return NativeDASDrafter(config)
-    if not _warned:
+    if config.backend == "auto" and not _warned:
         _warned = True
         logger.warning("das-trl: native drafter core not built, using the Python reference drafter; %s",
                        native.BUILD_HINT)
-    return DASDrafter(config)
+    from .reference import DASDrafter
+
+    try:
+        return DASDrafter(config)
+    except ImportError as exc:
+        if config.backend == "python":
+            raise
+        raise ImportError(f"no drafter available: the native core is not built ({native.BUILD_HINT}), and {exc}") \
+            from exc

@@ -1,6 +1,7 @@
 """Helpers for drafter tests (small support tables keep construction fast)."""
 
-from das_trl.drafter import DASDrafter, DrafterConfig
+from das_trl.drafter import DrafterConfig
+from das_trl.drafter.reference import DASDrafter
 
 
 def make_drafter(**kw) -> DASDrafter:

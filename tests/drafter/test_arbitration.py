@@ -1,7 +1,7 @@
 import pytest
 
 from drafter_utils import make_drafter
-from das_trl.drafter import Candidate, choose, confidence
+from das_trl.drafter.reference.arbitration import Candidate, choose, confidence
 from das_trl.drafter import problem_key as pkey
 
 

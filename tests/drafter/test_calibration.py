@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from drafter_utils import make_drafter
-from das_trl.drafter import SOURCE_ORDER
-from das_trl.drafter.calibration import AcceptanceCalibrator, match_bucket
+from das_trl.drafter.reference.calibration import AcceptanceCalibrator
+from das_trl.drafter.sources import SOURCE_ORDER, match_bucket
 
 
 def test_empty_calibrator_keeps_the_prior_and_makes_it_non_increasing():

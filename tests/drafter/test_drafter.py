@@ -3,7 +3,7 @@ import pytest
 
 from drafter_utils import make_drafter
 from das_trl.drafter import problem_key
-from das_trl.drafter.support import scope_salt
+from das_trl.drafter.reference.support import scope_salt
 
 
 def rand_seq(rng, n, lo=1000, hi=30000):

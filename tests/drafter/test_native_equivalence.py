@@ -6,13 +6,14 @@ partial verifications, live-pool evictions."""
 import numpy as np
 import pytest
 
-from das_trl.drafter import DASDrafter, DrafterConfig
-from das_trl.drafter.reference_tree import ReferenceSuffixTree
+from das_trl.drafter import DrafterConfig
+from das_trl.drafter.reference import DASDrafter
+from das_trl.drafter.reference.reference_tree import ReferenceSuffixTree
 from native_sim import simulate_pair
 
 
 def pair(**kw):
-    from das_trl.drafter.native_drafter import NativeDASDrafter
+    from das_trl.drafter import NativeDASDrafter
 
     kw.setdefault("draft_threads", 1)
     cfg = DrafterConfig(support_table_bits=22, **kw)  # wide count-min table: no collisions at this size
@@ -55,7 +56,7 @@ def test_native_equals_reference(case, use_step):
 
 def test_equivalence_check_can_fail():
     """The comparison notices a real difference: a different evidence pseudocount changes drafts."""
-    from das_trl.drafter.native_drafter import NativeDASDrafter
+    from das_trl.drafter import NativeDASDrafter
 
     nat = NativeDASDrafter(DrafterConfig(support_table_bits=22, evidence_pseudocount=50.0))
     ref = DASDrafter(DrafterConfig(support_table_bits=22), tree_factory=ReferenceSuffixTree)
@@ -66,8 +67,9 @@ def test_equivalence_check_can_fail():
 def test_reference_tree_agrees_with_arctic_up_to_ties(rng):
     """ReferenceSuffixTree is arctic's SuffixTree except for the tie rule: wherever the drafts differ, arctic's token
     is an equally frequent continuation at the first differing position."""
-    from arctic_inference.suffix_decoding._C import SuffixTree
+    from das_trl.drafter.reference.arctic import suffix_tree
 
+    SuffixTree = suffix_tree()
     a, r = SuffixTree(16), ReferenceSuffixTree(16)
     seqs = [rng.integers(0, 12, int(rng.integers(20, 80))).astype(np.int32) for _ in range(12)]
     for i, s in enumerate(seqs):

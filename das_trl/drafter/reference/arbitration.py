@@ -24,7 +24,7 @@ length m, the estimated acceptance probability of draft token i is
 
 The draft is cut at the first a_i < ``min_token_prob``; the candidate with the largest
 sum of a_i (expected accepted tokens under this model) wins. Ties go to the earlier
-source in ``SOURCE_ORDER`` (most specific first).
+source in ``sources.SOURCE_ORDER`` (most specific first).
 """
 
 from __future__ import annotations
@@ -34,8 +34,6 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .calibration import AcceptanceCalibrator
-
-SOURCE_ORDER = ("problem", "siblings", "local", "batch", "global")
 
 
 @dataclass
@@ -121,7 +119,7 @@ def choose(cands: list[Candidate], kappa: float, mu: float, min_token_prob: floa
     Args:
         cands: candidates in ``SOURCE_ORDER`` order (ties keep the earliest).
         kappa, mu, min_token_prob, truncate_by_evidence: see ``DrafterConfig``.
-        calibrator: optional :class:`~das_trl.drafter.calibration.AcceptanceCalibrator`.
+        calibrator: optional :class:`~das_trl.drafter.reference.calibration.AcceptanceCalibrator`.
     """
     best: Candidate | None = None
     for cand in cands:

@@ -11,15 +11,18 @@ whose context is the prompt's end, can be drafted.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
-from arctic_inference.suffix_decoding._C import SuffixTree
 
+from ..config import DrafterConfig
+from ..history import Appearance
 from .arbitration import Candidate
-from .config import DrafterConfig
-from .history import Appearance
+from .arctic import suffix_tree
 from .support import GLOBAL_SCOPE, SupportTable, scope_salt
+
+if TYPE_CHECKING:
+    from .arctic import SuffixTree
 
 
 @dataclass
@@ -46,11 +49,11 @@ class HistoryIndex:
     # Tokens inserted between two ``pause`` calls (~0.2-2 ms of tree work at depth 24-64).
     chunk_tokens = 256
 
-    def __init__(self, config: DrafterConfig, tree_factory: Callable[[int], SuffixTree] = SuffixTree) -> None:
+    def __init__(self, config: DrafterConfig, tree_factory: Callable[[int], SuffixTree] | None = None) -> None:
         self.cfg = config
-        self._tree = tree_factory
+        self._tree = tree_factory if tree_factory is not None else suffix_tree()
         self._problem_trees: dict[int, SuffixTree] = {}
-        self._global = tree_factory(config.max_tree_depth) if config.use_global_tree else None
+        self._global = self._tree(config.max_tree_depth) if config.use_global_tree else None
         self._support = SupportTable(config.support_table_bits)
         self._apps: dict[int, _Indexed] = {}
         self._newest: dict[int, int] = {}  # problem key -> appearance id holding the recency copies

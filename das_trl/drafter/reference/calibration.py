@@ -26,18 +26,7 @@ from typing import Sequence
 
 import numpy as np
 
-
-# Upper edges of the match-length buckets (context tokens matched): 1, 2, 3-4, 5-8, 9+.
-MATCH_BUCKETS = (1, 2, 4, 8)
-
-
-def match_bucket(match_len: int) -> int:
-    """Bucket index of a match length (0 .. len(MATCH_BUCKETS))."""
-    for i, edge in enumerate(MATCH_BUCKETS):
-        if match_len <= edge:
-            return i
-    return len(MATCH_BUCKETS)
-
+from ..sources import MATCH_BUCKETS, match_bucket
 
 _BUCKET_OF = [match_bucket(m) for m in range(MATCH_BUCKETS[-1] + 1)]  # lookup table for the hot path
 
@@ -46,7 +35,7 @@ class AcceptanceCalibrator:
     """Per-(source, match-length bucket, prior-probability bin) ratio of observed to predicted accepted draft tokens.
 
     Args:
-        sources: source names (``arbitration.SOURCE_ORDER``); unknown names are rejected with ``KeyError``.
+        sources: source names (``das_trl.drafter.sources.SOURCE_ORDER``); unknown names are rejected with ``KeyError``.
         bins: equal-width bins of the prior a in [0, 1] (int >= 1).
         pseudocount: s, pseudo-observations at ratio 1 (float > 0).
         cap: a cell's expected mass at which its counts are halved (float > pseudocount).

@@ -42,12 +42,16 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-from arctic_inference.suffix_decoding._C import SuffixTree
 
+from ..config import LIVE_TREE_BYTES_PER_TOKEN, DrafterConfig
 from .arbitration import Candidate
-from .config import DrafterConfig
+from .arctic import suffix_tree
+
+if TYPE_CHECKING:
+    from .arctic import SuffixTree
 
 
 @dataclass
@@ -95,11 +99,6 @@ class _Finished:
 # Group key of the cross-problem batch tree (problem keys are >= 0, so it cannot clash).
 BATCH_GROUP = -1
 
-#: Approximate RAM per token held by one live tree (arctic suffix-tree nodes plus the n-gram support dicts), in
-#: bytes. Measured with random tokens (no shared paths: the worst case) by tests/test_reliability_memory.py's live-pool
-#: input: see docs/reliability.md. ``stats()["live_approx_bytes"]`` is this times ``live_tree_tokens``.
-LIVE_TREE_BYTES_PER_TOKEN = 400
-
 
 class LivePool:
     """Per-request local trees and per-problem sibling trees.
@@ -112,9 +111,9 @@ class LivePool:
     the exact rule). Not thread-safe (the owner locks).
     """
 
-    def __init__(self, config: DrafterConfig, tree_factory=SuffixTree) -> None:
+    def __init__(self, config: DrafterConfig, tree_factory=None) -> None:
         self.cfg = config
-        self._tree = tree_factory
+        self._tree = tree_factory if tree_factory is not None else suffix_tree()
         self._reqs: dict[str, _Request] = {}
         self._groups: dict[int, _SiblingGroup] = {}
         self._init_counters()
