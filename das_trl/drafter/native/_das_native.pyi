@@ -1,0 +1,195 @@
+"""Type stub of the drafter's compiled core, ``das_trl.drafter.native._das_native`` (C++17 + nanobind; sources in
+``src/``, bindings in ``src/bindings.cc``). Import it only through :func:`das_trl.drafter.native.load`.
+
+Conventions of every method:
+
+- Array arguments are borrowed for the call only (history tokens are copied before it returns); they must be
+  C-contiguous numpy arrays on the CPU with exactly the dtype shown (``int32``, ``int64``, ``int8``, ``float64``).
+  Inputs are read-only (read-only arrays are accepted); outputs are caller-owned buffers that are filled in place.
+- Invalid input (wrong row counts, bad offsets, out-of-range configuration) raises ``ValueError`` with the values;
+  an unknown or inactive slot raises ``KeyError``.
+- ``Drafter`` methods take the drafter's mutex; :meth:`Drafter.propose`, :meth:`Drafter.step`,
+  :meth:`Drafter.wait_history`, :meth:`Drafter.clear_history` and :func:`controller_budgets` release the GIL.
+"""
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["MAX_SPEC_TOKENS", "Drafter", "controller_budgets"]
+
+_I8 = npt.NDArray[np.int8]
+_I32 = npt.NDArray[np.int32]
+_I64 = npt.NDArray[np.int64]
+_F64 = npt.NDArray[np.float64]
+
+#: The largest ``max_spec_tokens`` (K) a :class:`Drafter` accepts.
+MAX_SPEC_TOKENS: int
+
+class Drafter:
+    """The native DAS drafter: requests in integer slots, five draft sources (problem history, running siblings,
+    the request's own text, the running batch, global history), evidence-weighted and calibrated arbitration, one
+    batched call per engine step. History automata are built on native threads and swapped in when ready.
+
+    Source ids in the ``source`` outputs index ``das_trl.drafter.sources.SOURCE_ORDER``
+    (``problem, siblings, local, batch, global``); ``-1`` means no draft.
+    """
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        """Create a drafter.
+
+        Args:
+            config: ``DrafterConfig`` fields by their Python names (``max_tree_depth``, ``match_context_tokens``,
+                ``max_spec_tokens`` (K, 1..``MAX_SPEC_TOKENS``), ``max_spec_factor``, ``max_spec_offset``,
+                ``min_token_prob``, ``min_match_len``, ``use_problem_tree``, ``use_global_tree``, ``use_local_tree``,
+                ``share_running_siblings``, ``share_running_batch``, ``prompt_tail_tokens``, ``live_token_budget``
+                (tokens), ``support_ngram``, ``evidence_pseudocount``, ``match_len_pseudocount``,
+                ``truncate_by_evidence``, ``calibrate_acceptance``, ``calibration_pseudocount``,
+                ``calibration_step_decay``, ``builder_threads``, ``draft_threads``); missing keys keep the core's
+                defaults.
+
+        Raises:
+            ValueError: a field out of range.
+        """
+
+    def start(self, slot: int, prompt: _I32, problem: int) -> None:
+        """Start request ``slot`` with its prompt tokens (``int32[n]``) under problem key ``problem`` (uint64)."""
+
+    def extend(self, slot: int, tokens: _I32) -> None:
+        """Append generated tokens (``int32[n]``) to request ``slot``. Raises ``KeyError`` for an unknown slot."""
+
+    def stop(self, slot: int) -> None:
+        """End request ``slot`` (its output stays available to running siblings until released)."""
+
+    def active(self, slot: int) -> bool:
+        """Whether ``slot`` holds a running request."""
+
+    def problem_of(self, slot: int) -> int:
+        """The problem key of request ``slot``. Raises ``KeyError`` for an unknown slot."""
+
+    def propose(self, slots: _I32, budgets: _I32, tokens: _I32, accept: _F64, lengths: _I32, source: _I8,
+                match_len: _I32) -> None:
+        """Draft for ``n`` active requests at once (GIL released).
+
+        Args:
+            slots: ``int32[n]`` request slots.
+            budgets: ``int32[n]`` most draft tokens per row (``<= 0``: no draft).
+            tokens: out, ``int32[n, K]`` draft tokens (row i valid up to ``lengths[i]``).
+            accept: out, ``float64[n, K]`` estimated acceptance probability of each draft position.
+            lengths: out, ``int32[n]`` draft lengths.
+            source: out, ``int8[n]`` winning source id (``-1``: none).
+            match_len: out, ``int32[n]`` context tokens matched by the winning source.
+
+        Raises:
+            ValueError: a row count differs from ``n`` or ``tokens``/``accept`` do not have K columns.
+            KeyError: an inactive slot.
+        """
+
+    def step(self, matrix: _I32, slots: _I32, rows: _I32, num_tokens: _I32, num_prompt: _I32, num_sampled: _I32,
+             num_verified: _I32, budgets: _I32, tokens: _I32, accept: _F64, lengths: _I32, source: _I8,
+             match_len: _I32) -> None:
+        """One engine step for ``n`` rows, reading each row's text from the engine's token matrix (GIL released).
+
+        Row i is request ``slots[i]``, whose text is ``matrix[rows[i], :num_tokens[i]]`` (``int32[R, L]``, vLLM's
+        ``token_ids_cpu``) with a prompt of ``num_prompt[i]`` tokens and ``num_sampled[i]`` tokens gained this step.
+        The verification of the row's previous draft is recorded (accepted = ``min(verified, num_sampled - 1)``,
+        verified = its draft length, capped by ``num_verified[i]`` when ``>= 0``), the new output tokens are
+        appended (a request whose output shrank is restarted: preemption), then the row is drafted with
+        ``budgets[i]``. Outputs as in :meth:`propose`.
+
+        Raises:
+            ValueError: a row count differs from ``n`` or ``tokens``/``accept`` do not have K columns.
+            KeyError: an inactive slot.
+        """
+
+    def trim(self, slots: _I32, lengths: _I32) -> None:
+        """Cut each row's outstanding draft to ``lengths[i]`` tokens (what was really sent for verification)."""
+
+    def record_acceptance(self, slot: int, accepted: int, verified: int = -1) -> None:
+        """Report that ``accepted`` of the ``verified`` tokens (``-1``: the whole outstanding draft) of ``slot``'s
+        last draft were accepted; feeds the acceptance calibration."""
+
+    def release_finished(self, problems: list[int]) -> None:
+        """Drop the finished outputs kept for running siblings of these problem keys (their history arrived)."""
+
+    def new_step(self) -> None:
+        """Mark a history push (once per training step): decays the acceptance calibration's counts by
+        ``calibration_step_decay``."""
+
+    def reset_requests(self) -> None:
+        """Forget every running request (history kept)."""
+
+    def submit_history(self, key: int, tokens: _I32, offsets: _I64, weights: _I32) -> None:
+        """Replace problem ``key``'s history with these sequences; the automaton is built on a native thread.
+
+        Args:
+            key: problem key (uint64).
+            tokens: ``int32[T]`` all sequences concatenated.
+            offsets: ``int64[S + 1]`` sequence boundaries, from 0 to ``T``, non-decreasing.
+            weights: ``int32[S]`` multiplicity of each sequence (``>= 1``).
+
+        Raises:
+            ValueError: offsets that do not start at 0 and end at ``T``, decrease, or a weight below 1.
+        """
+
+    def drop_history(self, key: int) -> None:
+        """Remove problem ``key``'s history (asynchronously, like :meth:`submit_history`)."""
+
+    def wait_history(self, timeout: float = -1.0) -> bool:
+        """Wait until submitted history builds are in place (``timeout`` seconds, ``< 0``: no limit; GIL released).
+
+        Returns:
+            True if nothing is pending any more.
+        """
+
+    def clear_history(self) -> None:
+        """Drop all history (problem and global automata); GIL released."""
+
+    def stats(self) -> dict[str, Any]:
+        """Counters and memory figures: ``proposals``, ``drafts``, ``draft_tokens``, ``requests``,
+        ``verified_drafts``, ``accepted_tokens``, ``wins`` (list per source), ``calibration_tokens``, live pool
+        (``active_requests``, ``sibling_groups``, ``lingering_finished``, ``live_*`` tokens and bytes), history
+        index (``index_problems``, ``index_tokens``, ``index_sequences``, ``index_states``, ``index_bytes``,
+        ``global_tokens``, ``global_bytes``), and history builds (``pending_updates``, ``update_builds``,
+        ``update_errors``, ``update_seconds``)."""
+
+    def acceptance_totals(self) -> tuple[int, int, int]:
+        """``(verified_drafts, verified_tokens, accepted_tokens)`` since creation."""
+
+    def calibration_ratio(self, source: int, bucket: int, bin: int) -> float:
+        """The acceptance calibration's observed/estimated ratio for a source, match-length bucket and bin."""
+
+    def check(self) -> str:
+        """Integrity check of every automaton and request (for tests): ``""`` when consistent, else a description
+        of the first problem found."""
+
+def controller_budgets(accept: _F64, table: _F64, pooled: _F64, generated: _F64, cap: _F64, tau_obs: _F64,
+                       draws: _F64, params: dict[str, Any], lengths: _I32, value: _F64, p: _F64,
+                       expected_kept: _F64, rem_mean: _F64) -> float:
+    """Per-row draft budgets of one engine step: the native kernel of the budget controller's Monte Carlo-to-argmin
+    block (``BudgetController.budgets``; same draws, same budgets as the numpy path). GIL released.
+
+    Args:
+        accept: ``float64[n, k]`` acceptance probability of each draft position.
+        table: ``float64[n, w]`` each row's problem's recent lengths, ascending (padding below any length first).
+        pooled: ``float64[m]`` all recent lengths, ascending.
+        generated: ``float64[n]`` tokens generated so far.
+        cap: ``float64[n]`` most tokens still allowed (``+inf``: none).
+        tau_obs: ``float64[n]`` observed tokens per round.
+        draws: ``float64[4, n, s]`` uniforms in [0, 1) (index, mixture, tail, jitter).
+        params: ``ratio``, ``tail_prior_weight``, ``c_base_ms``, ``c_tok_ms``, ``draft_margin``, ``pooled_weight``,
+            ``length_jitter``, ``extrapolation_fraction``, ``min_remaining``, ``bins`` (missing: defaults).
+        lengths: out, ``int32[n]`` kept draft tokens.
+        value: out, ``float64[n]`` ms per token of progress at that length.
+        p: out, ``float64[n]`` probability of finishing last (shrunk).
+        expected_kept: out, ``float64[n]`` sum of acceptance x survival over the kept positions.
+        rem_mean: out, ``float64[n]`` mean sampled remaining tokens.
+
+    Returns:
+        The expected makespan in rounds.
+
+    Raises:
+        ValueError: a row count differs from ``n``, ``draws`` is not ``[4, n, s]``, an empty table or sample axis,
+            or ``bins < 1``.
+    """
