@@ -1,5 +1,5 @@
-"""The live proposer's default budget source is the batch budget controller: every row is drafted up to its hard cap,
-the controller's budgets cut the drafts, the cut length is what gets reported as verified, the controller's
+"""The live proposer's budgets come from the batch budget controller: rows its plan finds worth drafting are drafted up
+to their hard cap, the others not at all, the controller's cut shortens the drafts, the cut length is what gets reported as verified, the controller's
 diagnostics come up through stats() by prefix, and its online cost fit sees the engine's step times and token
 counts. Fast: real DASWorkerExtension + DASProposer + DASDrafter behind a fake model runner (``reliability_fakes``)."""
 
@@ -33,17 +33,17 @@ def test_controller_is_the_default_and_its_budgets_cut_the_drafts(rng, monkeypat
     _round(worker, prompts, texts, rows)
     seen = {}
 
-    real = proposer.controller.budgets
+    real = proposer.controller.cut
 
-    def fixed_budgets(accept, problem_keys, output_len, num_rounds=None, *args):
-        seen.update(accept=accept.copy(), output_len=np.asarray(output_len).copy(), rounds=np.asarray(num_rounds))
-        real(accept, problem_keys, output_len, num_rounds, *args)
+    def fixed_cut(plan, accept, rows=None):
+        seen.update(accept=accept.copy(), output_len=plan.generated.copy(), rows=np.asarray(rows))
+        real(plan, accept, rows)
         return np.array([3, 0], np.int32)
 
-    monkeypatch.setattr(proposer.controller, "budgets", fixed_budgets)
+    monkeypatch.setattr(proposer.controller, "cut", fixed_cut)
     drafts = _round(worker, prompts, texts, [("a", 0, 6), ("b", 3, 6)])
     assert (seen["accept"][:, 0] > 0).all()  # both rows were drafted before the controller chose
-    assert seen["output_len"].tolist() == [6, 6] and seen["rounds"].tolist() == [1, 1]
+    assert seen["output_len"].tolist() == [6, 6] and seen["rows"].tolist() == [0, 1]
     assert drafts == [texts[0][6:9], []]
     # Next round: row "a" verified 3 tokens, accepted 2. Only the 3 verified tokens reach the calibration.
     before = proposer.drafter.stats()["calibration_tokens"]
@@ -55,8 +55,8 @@ def test_controller_is_the_default_and_its_budgets_cut_the_drafts(rng, monkeypat
 
 def test_only_the_request_that_will_finish_last_drafts_when_tokens_are_expensive(rng):
     # Trust the lengths (no shrinkage towards "anyone may be last", no pooled lengths): the 40-token problem's
-    # request cannot be last, so at 0.5 ms per verified token it drafts nothing; the 200-token problem's request
-    # will be, and drafts its whole hard cap (K).
+    # request cannot be last, so at 0.5 ms per verified token the plan does not even draft it; the 200-token
+    # problem's request will be, and drafts its whole hard cap (K).
     worker, prompts, texts = _setup(rng, {"cost_source": "config", "c_tok_ms": 0.5, "tail_prior_weight": 0.0,
                                           "pooled_weight": 0.0})
     rows = [("long", 0, 5), ("short", 3, 5)]
@@ -67,7 +67,9 @@ def test_only_the_request_that_will_finish_last_drafts_when_tokens_are_expensive
     s = worker.proposer.stats()
     assert s["budget_steps"] == 2 and s["budget_rows"] == 4
     assert s["budget_kept_tokens"] == s["draft_tokens"] == 2 * K
-    assert s["budget_offered_tokens"] > s["budget_kept_tokens"]  # the short request had a draft, cut to 0
+    # The short request was never drafted: the drafter speculated 2 of 4 request-rounds, and nothing was cut.
+    assert s["speculated_rows"] == s["budget_rows_speculated"] == 2
+    assert s["budget_offered_tokens"] == s["budget_kept_tokens"]
     assert "budget_kept_tokens" in s["budget_counters"]
     assert s["budget_c_base_ms"] == 7.0 and s["budget_cost_online"] == 0
 
@@ -78,14 +80,14 @@ def test_online_cost_fit_sees_step_times_and_tokens(rng, monkeypatch):
     clock = {"now": 100.0}
     proposer._clock = lambda: clock["now"]
     step = {"i": 0}
-    real = proposer.controller.budgets
+    real = proposer.controller.cut
 
-    def varied(accept, *args, **kwargs):  # vary the draft lengths so the token counts spread
-        real(accept, *args, **kwargs)
+    def varied(plan, accept, rows=None):  # vary the draft lengths so the token counts spread
+        real(plan, accept, rows)
         step["i"] += 1
-        return np.array([step["i"] % (K + 1), (3 * step["i"]) % (K + 1), 1], np.int32)
+        return np.array([step["i"] % (K + 1), (3 * step["i"]) % (K + 1), 1], np.int32)[: len(accept)]
 
-    monkeypatch.setattr(proposer.controller, "budgets", varied)
+    monkeypatch.setattr(proposer.controller, "cut", varied)
     n = 3
     pos = [5] * n
     drafts = _round(worker, prompts, texts, [(f"r{i}", i, pos[i]) for i in range(n)])  # first sight: prefill step

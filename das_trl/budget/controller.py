@@ -115,11 +115,25 @@ class ControllerConfig:
             else numpy), ``"native"`` (required; ``ImportError`` at the first step without the core) or
             ``"python"`` (numpy, the reference). Both take the same random draws; results agree up to floating-point
             rounding (a near-tie in the draft-length argmin may go the other way).
+        draft_row_us: the proposer's CPU time (microseconds) to draft one row for one step, charged in the decision
+            before drafting (:meth:`BudgetController.plan`): vLLM runs the proposer on the engine's critical path, so
+            a row is drafted only where its expected saving also pays for this. The default is the native drafter's
+            cost per drafted row measured by ``das-trl bench drafter-speed`` on a 2-core machine (docs/tuning.md);
+            a faster host or more ``draft_threads`` lower it. 0: drafting is free (the controller before issue 16).
+        gate_acceptance_prior / gate_prior_rounds: the per-token acceptance assumed, before drafting, for a request
+            whose own verified drafts say little yet (``prior`` with the weight of ``prior_rounds`` pseudo-outcomes;
+            :meth:`BudgetController.plan`).
+        replan_steps / replan_shrink: the tail probabilities (the Monte Carlo over remaining lengths) are recomputed
+            at least every ``replan_steps`` engine steps, whenever a request is new, and whenever the batch shrank
+            below ``(1 - replan_shrink)`` of its size at the last computation; in between, each request keeps its
+            probability (renormalised over the rows still running). 1 = every step.
+        always_plan_rows: batches of at most this many rows are recomputed every step (the tail, where the
+            decision matters most and the computation is cheapest).
     """
 
     c_base_ms: float = 7.0
     c_tok_ms: float = 0.025
-    cost_source: str = "online"
+    cost_source: str = "config"
     tail_prior_weight: float = 0.25
     draft_margin: float = 0.0
     num_samples: int = 32
@@ -137,6 +151,12 @@ class ControllerConfig:
     fit_min_steps: int = 64
     fit_min_r2: float = 0.3
     backend: str = "auto"
+    draft_row_us: float = 2.0
+    gate_acceptance_prior: float = 0.7
+    gate_prior_rounds: float = 2.0
+    replan_steps: int = 8
+    replan_shrink: float = 0.125
+    always_plan_rows: int = 32
 
     def __post_init__(self) -> None:
         def need(ok: bool, msg: str) -> None:
@@ -166,6 +186,16 @@ class ControllerConfig:
              f"need fit_window >= 8 and 2 <= fit_min_steps <= fit_window, got {self.fit_window}, {self.fit_min_steps}")
         need(0.0 <= self.fit_min_r2 <= 1.0, f"fit_min_r2 must be in [0, 1], got {self.fit_min_r2}")
         need(self.backend in _BACKENDS, f"backend must be one of {_BACKENDS}, got {self.backend!r}")
+        need(math.isfinite(self.draft_row_us) and self.draft_row_us >= 0.0,
+             f"draft_row_us must be a finite number >= 0 (microseconds), got {self.draft_row_us}")
+        need(0.0 < self.gate_acceptance_prior < 1.0,
+             f"gate_acceptance_prior must be in (0, 1), got {self.gate_acceptance_prior}")
+        need(self.gate_prior_rounds > 0.0, f"gate_prior_rounds must be > 0, got {self.gate_prior_rounds}")
+        need(isinstance(self.replan_steps, int) and self.replan_steps >= 1,
+             f"replan_steps must be an int >= 1, got {self.replan_steps!r}")
+        need(0.0 <= self.replan_shrink < 1.0, f"replan_shrink must be in [0, 1), got {self.replan_shrink}")
+        need(isinstance(self.always_plan_rows, int) and self.always_plan_rows >= 0,
+             f"always_plan_rows must be an int >= 0, got {self.always_plan_rows!r}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -173,7 +203,7 @@ class ControllerConfig:
 
 # ---------------------------------------------------------------------------- pure algebra
 def remaining_samples(table: np.ndarray, counts: np.ndarray, pooled: np.ndarray, generated: np.ndarray,
-                      max_remaining: np.ndarray | None, rng: np.random.Generator, num_samples: int,
+                      max_remaining: np.ndarray | None, rng: np.random.Generator | np.ndarray, num_samples: int,
                       pooled_weight: float = 1.0, jitter: float = 0.1, extrapolation_fraction: float = 0.25,
                       min_remaining: float = 16.0) -> np.ndarray:
     """Sampled remaining lengths (tokens) per row, conditional on the tokens generated so far.
@@ -185,7 +215,8 @@ def remaining_samples(table: np.ndarray, counts: np.ndarray, pooled: np.ndarray,
         pooled: ``float64 [M]`` ascending pooled lengths of all problems (may be empty).
         generated: ``int/float [n]`` tokens generated so far.
         max_remaining: ``[n]`` most tokens each request may still generate (``inf`` or ``None``: no cap).
-        rng: the generator (explicit state).
+        rng: the generator (explicit state), or the draws themselves: ``float64 [4, n, S]`` uniforms in ``[0, 1)``
+            (index, mixture, tail, jitter), e.g. :func:`stratified_draws`.
         num_samples: samples per row (S).
         pooled_weight, jitter, extrapolation_fraction, min_remaining: see :class:`ControllerConfig`.
 
@@ -195,7 +226,8 @@ def remaining_samples(table: np.ndarray, counts: np.ndarray, pooled: np.ndarray,
     n, w = table.shape
     g = np.asarray(generated, dtype=np.float64).reshape(n, 1)
     s = int(num_samples)
-    u, v, e, j = rng.random((4, n, s))  # one generator call: index, mixture, tail and jitter draws
+    # One generator call (or the given draws): index, mixture, tail and jitter draws.
+    u, v, e, j = rng if isinstance(rng, np.ndarray) else rng.random((4, n, s))
     # The problem's own lengths above g are its last `above` columns (sorted ascending, padding first).
     above = (table > g).sum(axis=1, keepdims=True)
     own = np.take_along_axis(table, np.clip(w - above + (u * above).astype(np.int64), 0, w - 1), axis=1)
@@ -221,6 +253,52 @@ def remaining_samples(table: np.ndarray, counts: np.ndarray, pooled: np.ndarray,
         cap = np.maximum(np.asarray(max_remaining, dtype=np.float64).reshape(n, 1), 1.0)
         rem = np.minimum(rem, cap)
     return rem
+
+
+def stratified_draws(n: int, num_samples: int) -> np.ndarray:
+    """Deterministic draws for :func:`remaining_samples`: ``float64 [4, n, S]``, the same ``S`` stratified points
+    ``(t + 1/2) / S`` for every row, in four different orders (index, mixture, tail, jitter) so the four are not
+    correlated. No generator state: the same inputs give the same budgets in every run (reproducible rollouts), and
+    rows with the same inputs get the same samples (they tie exactly in the tail probability)."""
+    s = int(num_samples)
+    base = (np.arange(s, dtype=np.float64) + 0.5) / s
+    orders = [np.arange(s), (np.arange(s) * 5 + 1) % s, (np.arange(s) * 11 + 3) % s, (np.arange(s) * 13 + 7) % s]
+    if s > 1 and math.gcd(5, s) * math.gcd(11, s) * math.gcd(13, s) != 1:  # keep them permutations
+        orders = [np.arange(s), np.arange(s)[::-1], np.roll(np.arange(s), s // 2), np.roll(np.arange(s)[::-1], s // 3)]
+    rows = np.stack([base[o] for o in orders])  # [4, S]
+    return np.ascontiguousarray(np.broadcast_to(rows[:, None, :], (4, n, s)))
+
+
+def gate_rows(weight_ms: np.ndarray, q: np.ndarray, caps: np.ndarray, c_tok_ms: float, draft_row_ms: float,
+              draft_margin: float = 0.0) -> np.ndarray:
+    """Which rows can pay for being drafted at all, decided before drafting (cheap: no draft, no survival).
+
+    Row ``i`` drafting ``d`` tokens with per-token acceptance ``q_i`` emits ``1 + S_d`` tokens per round,
+    ``S_d = q + q^2 + ... + q^d``, and costs ``c_tok (1 + (1 + margin) d) + draft_row_ms`` more per round than
+    ``c_tok`` (its own verification and the proposer's CPU for the row); not drafting costs ``weight + c_tok`` per
+    token of progress. Drafting pays iff some ``d`` in ``1 .. caps[i]`` has
+    ``c_tok (1 + margin) d + draft_row_ms < (weight + c_tok) S_d`` (the cost per token of progress falls).
+
+    Args:
+        weight_ms: ``float64 [n]`` ``c_base * P_i`` (what a round of row ``i`` adds to the makespan's cost).
+        q: ``float64 [n]`` predicted per-token acceptance in ``[0, 1)``.
+        caps: ``int [n]`` most draft tokens row ``i`` may get (0: never drafted).
+        c_tok_ms / draft_row_ms: ms per verified token / ms of proposer CPU per drafted row.
+
+    Returns:
+        ``bool [n]``.
+    """
+    caps = np.asarray(caps, dtype=np.int64)
+    k = int(caps.max()) if caps.size else 0
+    if k <= 0:
+        return np.zeros(len(caps), bool)
+    q = np.clip(np.asarray(q, dtype=np.float64), 0.0, 0.999)
+    d = np.arange(1, k + 1, dtype=np.float64)
+    s_d = np.cumsum(q[:, None] ** d[None, :], axis=1)  # [n, k]
+    gain = (np.asarray(weight_ms, dtype=np.float64) + c_tok_ms)[:, None] * s_d
+    cost = c_tok_ms * (1.0 + draft_margin) * d[None, :] + draft_row_ms
+    ok = (gain > cost) & (d[None, :] <= caps[:, None])
+    return ok.any(axis=1)
 
 
 def tail_probability(rounds: np.ndarray, bins: int = 64) -> tuple[np.ndarray, float]:
@@ -320,6 +398,27 @@ def apply_step_cap(accept: np.ndarray, lengths: np.ndarray, value_ms: np.ndarray
 
 
 # ---------------------------------------------------------------------------- controller
+@dataclass
+class StepPlan:
+    """The controller's decision for one engine step before drafting (:meth:`BudgetController.plan`).
+
+    Attributes:
+        draft: ``bool [n]`` rows worth drafting this step (the others are not drafted at all).
+        weight_ms: ``float64 [n]`` ``c_base * P_i``: what one more round of row ``i`` adds to the batch's expected
+            cost (``P_i``: probability that row ``i`` finishes last, shrunk towards ``1 / n``).
+        problem_keys / generated / max_remaining: the rows' inputs (``int64`` / ``float64 [n]``; ``max_remaining``
+            ``None`` when uncapped), kept for :meth:`BudgetController.cut`.
+        replanned: whether the tail probabilities were recomputed this step.
+    """
+
+    draft: np.ndarray
+    weight_ms: np.ndarray
+    problem_keys: np.ndarray
+    generated: np.ndarray
+    max_remaining: np.ndarray | None
+    replanned: bool = False
+
+
 class BudgetController:
     """Per-step draft budgets for a batch (see the module docstring).
 
@@ -344,7 +443,15 @@ class BudgetController:
         self.last_expected_remaining = np.zeros(0)
         self.last_expected_makespan = 0.0
         self._counters = {"steps": 0, "rows": 0, "rows_drafting": 0, "offered_tokens": 0, "kept_tokens": 0,
-                          "expected_accepted": 0.0, "tail_rows": 0, "capped_steps": 0}
+                          "expected_accepted": 0.0, "tail_rows": 0, "capped_steps": 0, "rows_speculated": 0,
+                          "silent_steps": 0, "replans": 0}
+        # plan(): tail probabilities kept per request slot between recomputations (grown by doubling).
+        self._slot_p = np.zeros(0, np.float64)
+        self._slot_epoch = np.full(0, -1, np.int64)
+        self._epoch = 0
+        self._since_plan = 0
+        self._rows_at_plan = 0
+        self._draws: dict[int, np.ndarray] = {}
 
     # ------------------------------------------------------------------ inputs between steps
     def observe(self, problem_key: int, lengths) -> None:
@@ -390,6 +497,179 @@ class BudgetController:
             if fitted is not None:
                 return fitted
         return self._config_cost
+
+    # ------------------------------------------------------------------ per step: plan, draft, cut
+    def _stratified(self, n: int) -> np.ndarray:
+        draws = self._draws.get(n)
+        if draws is None:
+            if len(self._draws) >= 8:  # bounded: a handful of batch sizes are live at once
+                self._draws.pop(next(iter(self._draws)))
+            draws = self._draws[n] = stratified_draws(n, self.config.num_samples)
+        return draws
+
+    def _tail(self, keys: np.ndarray, out_len: np.ndarray, cap: np.ndarray | None, tau_obs: np.ndarray) -> np.ndarray:
+        """Probability that each row finishes last (normalised, before the prior shrink), from deterministic
+        stratified samples of the remaining lengths (:func:`stratified_draws`). ``float64 [n]``."""
+        cfg = self.config
+        n = len(keys)
+        table, counts, pooled = self.lengths.gather(keys)
+        draws = self._stratified(n)
+        kernel = self._native_kernel()
+        if kernel is not None:
+            p, rem_mean = np.empty(n), np.empty(n)
+            params = {"ratio": 1.0, "tail_prior_weight": 0.0, "c_base_ms": 1.0, "c_tok_ms": 1.0,
+                      "pooled_weight": cfg.pooled_weight, "length_jitter": cfg.length_jitter,
+                      "extrapolation_fraction": cfg.extrapolation_fraction,
+                      "min_remaining": float(cfg.min_remaining)}
+            makespan = kernel(np.zeros((n, 0)), np.ascontiguousarray(table, dtype=np.float64),
+                              np.ascontiguousarray(pooled, dtype=np.float64), out_len,
+                              np.full(n, np.inf) if cap is None else np.ascontiguousarray(cap, dtype=np.float64),
+                              tau_obs, draws, params, np.empty(n, np.int32), np.empty(n), p, np.empty(n), rem_mean)
+        else:
+            rem = remaining_samples(table, counts, pooled, out_len, cap, draws, cfg.num_samples, cfg.pooled_weight,
+                                    cfg.length_jitter, cfg.extrapolation_fraction, cfg.min_remaining)
+            p, makespan = tail_probability(rem / tau_obs[:, None])
+            rem_mean = rem.mean(axis=1)
+        self.last_expected_remaining = rem_mean
+        self.last_expected_makespan = float(makespan)
+        return p
+
+    def plan(self, problem_keys: np.ndarray, output_len: np.ndarray, num_rounds: np.ndarray | None = None,
+             max_output: np.ndarray | None = None, caps: np.ndarray | None = None,
+             acceptance: np.ndarray | None = None, slots: np.ndarray | None = None) -> StepPlan:
+        """Decide, before drafting, which rows of this engine step are worth drafting at all.
+
+        The tail probability ``P_i`` (who finishes last; module docstring) is computed from deterministic stratified
+        samples and, with ``slots``, kept per request between recomputations (``replan_steps``, ``replan_shrink``,
+        ``always_plan_rows``). A row is drafted when even its predicted acceptance can pay for its verification and
+        for the proposer's CPU (``draft_row_us``) (:func:`gate_rows`); the rest are not drafted, so a step where
+        nothing pays costs the proposer almost nothing.
+
+        Args:
+            problem_keys: ``int64 [n]`` problem of each row.
+            output_len: ``int [n]`` tokens each request generated so far.
+            num_rounds: ``int [n]`` verification rounds each request had so far (``None``: 1 token per round).
+            max_output: ``int [n]`` each request's maximum output tokens (``None``: no cap).
+            caps: ``int [n]`` most draft tokens per row (``None``: 16); rows with cap 0 are never drafted.
+            acceptance: ``float64 [n]`` predicted per-token acceptance of each row's draft (``None``: the config's
+                ``gate_acceptance_prior``); the proposer derives it from the request's own verified drafts.
+            slots: ``int [n]`` a stable id per request (``>= 0``, reused only after the request ended) under which
+                its tail probability is kept between recomputations (``None``: recompute every step).
+
+        Returns:
+            :class:`StepPlan`.
+
+        Raises:
+            ValueError: shapes disagree.
+        """
+        keys = np.asarray(problem_keys, dtype=np.int64).reshape(-1)
+        n = len(keys)
+        out_len = np.asarray(output_len, dtype=np.float64).reshape(-1)
+        for name, v in (("output_len", out_len), ("num_rounds", num_rounds), ("max_output", max_output),
+                        ("caps", caps), ("acceptance", acceptance), ("slots", slots)):
+            if v is not None and np.shape(v) != (n,):
+                raise ValueError(f"BudgetController.plan: {name} must have shape ({n},) like problem_keys, got "
+                                 f"{np.shape(v)}")
+        cfg = self.config
+        cost = self.cost
+        self._acc_expected *= cfg.acceptance_decay
+        self._acc_accepted *= cfg.acceptance_decay
+        cap = None if max_output is None else np.asarray(max_output, dtype=np.float64) - out_len
+        if n == 0:
+            return StepPlan(np.zeros(0, bool), np.zeros(0), keys, out_len, cap)
+        if num_rounds is None:
+            tau_obs = np.ones(n)
+        else:
+            r = np.asarray(num_rounds, dtype=np.float64)
+            tau_obs = np.maximum(1.0, (out_len + _TAU_PSEUDO_ROUNDS) / (r + _TAU_PSEUDO_ROUNDS))
+        replan = slots is None or n <= cfg.always_plan_rows or self._since_plan + 1 >= cfg.replan_steps \
+            or n < (1.0 - cfg.replan_shrink) * self._rows_at_plan
+        if not replan:
+            sl = np.asarray(slots, dtype=np.int64)
+            replan = bool(sl.max() >= len(self._slot_epoch) or (self._slot_epoch[sl] != self._epoch).any())
+        if replan:
+            p = self._tail(keys, out_len, cap, tau_obs)
+            self._counters["replans"] += 1
+            self._since_plan = 0
+            self._rows_at_plan = n
+            self._epoch += 1
+            if slots is not None:
+                sl = np.asarray(slots, dtype=np.int64)
+                if sl.size and sl.max() >= len(self._slot_p):
+                    size = max(int(sl.max()) + 1, 2 * len(self._slot_p), 64)
+                    self._slot_p = np.concatenate([self._slot_p, np.zeros(size - len(self._slot_p))])
+                    self._slot_epoch = np.concatenate([self._slot_epoch,
+                                                       np.full(size - len(self._slot_epoch), -1, np.int64)])
+                self._slot_p[sl] = p
+                self._slot_epoch[sl] = self._epoch
+        else:
+            self._since_plan += 1
+            p = self._slot_p[sl]
+            tot = float(p.sum())
+            p = p / tot if tot > 0 else np.full(n, 1.0 / n)
+        p = (1.0 - cfg.tail_prior_weight) * p + cfg.tail_prior_weight / n
+        weight = cost.c_base_ms * p
+        caps_arr = np.full(n, 16, np.int64) if caps is None else np.asarray(caps, dtype=np.int64)
+        q = np.full(n, cfg.gate_acceptance_prior) if acceptance is None else np.asarray(acceptance, np.float64)
+        draft = gate_rows(weight, q, caps_arr, cost.c_tok_ms, cfg.draft_row_us / 1000.0, cfg.draft_margin)
+        c = self._counters
+        c["steps"] += 1
+        c["rows"] += n
+        c["rows_speculated"] += int(draft.sum())
+        c["silent_steps"] += int(not draft.any())
+        c["tail_rows"] += int((p >= 0.5).sum())
+        self.last_tail_prob = p
+        return StepPlan(draft, weight, keys, out_len, cap, replan)
+
+    def cut(self, plan: StepPlan, accept: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+        """Draft tokens to keep per drafted row (after drafting): the length that minimises the cost per token of
+        progress (:func:`optimal_draft_lengths`) under the plan's ``weight_ms``, with each estimate scaled by the
+        chance the position lies before the request's end (:func:`survival`, same deterministic samples) and by
+        :attr:`acceptance_ratio`. Sets :attr:`last_expected_kept` for these rows.
+
+        Args:
+            plan: this step's :meth:`plan`.
+            accept: ``float64 [m, K]`` cumulative acceptance estimates of the drafted rows (``DraftBatch.accept``).
+            rows: ``int [m]`` the drafted rows' indices in the plan (``None``: every row, ``m = n``).
+
+        Returns:
+            ``int32 [m]``, ``0 <= kept[i] <=`` the row's draft length.
+
+        Raises:
+            ValueError: shapes disagree or ``accept`` lies outside ``[0, 1]``.
+        """
+        accept = np.asarray(accept, dtype=np.float64)
+        idx = np.arange(len(plan.draft)) if rows is None else np.asarray(rows, dtype=np.int64).reshape(-1)
+        if accept.ndim != 2 or len(accept) != len(idx):
+            raise ValueError(f"BudgetController.cut: accept must be [{len(idx)}, K] (one row per drafted row), got "
+                             f"shape {accept.shape}")
+        m, k = accept.shape
+        if m == 0:
+            self.last_expected_kept = np.zeros(0)
+            return np.zeros(0, np.int32)
+        if k and (accept.min() < 0.0 or accept.max() > 1.0):
+            raise ValueError(f"BudgetController.cut: accept must lie in [0, 1], got range [{accept.min()}, "
+                             f"{accept.max()}]; pass DraftBatch.accept")
+        cfg = self.config
+        cost = self.cost
+        table, counts, pooled = self.lengths.gather(plan.problem_keys[idx])
+        cap = None if plan.max_remaining is None else plan.max_remaining[idx]
+        rem = remaining_samples(table, counts, pooled, plan.generated[idx], cap, self._stratified(m),
+                                cfg.num_samples, cfg.pooled_weight, cfg.length_jitter, cfg.extrapolation_fraction,
+                                cfg.min_remaining)
+        survival_k = survival(rem, k)
+        useful = np.minimum(accept * survival_k * self.acceptance_ratio, 1.0)
+        lengths, value = optimal_draft_lengths(useful, plan.weight_ms[idx], cost.c_tok_ms, cfg.draft_margin)
+        capped = apply_step_cap(useful, lengths, value, cost.c_tok_ms, cfg.step_token_cap)
+        kept = np.where(np.arange(k)[None, :] < capped[:, None], accept * survival_k, 0.0).sum(axis=1)
+        c = self._counters
+        c["rows_drafting"] += int((capped > 0).sum())
+        c["offered_tokens"] += int((accept > 0).sum())
+        c["kept_tokens"] += int(capped.sum())
+        c["expected_accepted"] += float(kept.sum())
+        c["capped_steps"] += int(capped.sum() < lengths.sum())
+        self.last_expected_kept = kept
+        return capped
 
     # ------------------------------------------------------------------ per step
     def budgets(self, accept: np.ndarray, problem_keys: np.ndarray, output_len: np.ndarray,
@@ -505,7 +785,7 @@ class BudgetController:
 
     #: Keys of :meth:`stats` that are cumulative counters (per-step differences are meaningful); the rest are gauges.
     COUNTERS = ("steps", "rows", "rows_drafting", "offered_tokens", "kept_tokens", "expected_accepted", "tail_rows",
-                "capped_steps")
+                "capped_steps", "rows_speculated", "silent_steps", "replans")
 
     def stats(self) -> dict:
         """Flat, JSON-serializable diagnostics (callers prefix them, e.g. ``budget_``).

@@ -23,6 +23,7 @@ import numpy as np
 from das_trl.drafter import DrafterConfig, create_drafter, problem_key
 from das_trl.budget import BudgetController, ControllerConfig
 from das_trl.drafter.conversation import ConversationKeys
+from das_trl.vllm.speculator import Speculator
 
 logger = logging.getLogger(__name__)
 
@@ -47,32 +48,38 @@ class DASProposer:
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         self.vocab_size = int(vllm_config.model_config.get_vocab_size())
         self.engine_dtype = str(getattr(vllm_config.model_config, "dtype", "")).removeprefix("torch.") or None
-        self.drafter = create_drafter(DrafterConfig(max_spec_tokens=self.num_speculative_tokens))
-        # Per-step budgets from the batch budget controller (drafts to the hard cap, then keeps what pays; see
-        # das_trl.budget.controller): the object the replay benchmark uses too.
-        self.controller = BudgetController(ControllerConfig())
+        # One step = plan (which rows can pay), draft, cut (what pays): das_trl.vllm.speculator, the object the replay
+        # benchmark drives too. Budgets come from the batch budget controller (das_trl.budget).
+        self.speculator = Speculator(create_drafter(DrafterConfig(max_spec_tokens=self.num_speculative_tokens)),
+                                     BudgetController(ControllerConfig()), self.max_model_len)
         self._step_end: float | None = None  # _clock() at the end of the last propose (online cost fit)
         self._clock = time.perf_counter      # seconds; replaceable in tests
         self._runner: Any = None
-        # Every request the drafter is tracking has a slot in the per-request arrays below (free slots are reused);
-        # the drafter keeps their texts and drafts.
-        self._slot_of: dict[str, int] = {}
-        self._free_slots: list[int] = []
-        self._req = _RequestArrays(256)
-        self._seen_totals = (0, 0, 0)  # drafter's acceptance_totals() already counted
+        self._last_req_ids: list[str] = []  # the batch's request ids at the last step (finish detection)
         # First prompts of conversations -> problem keys, so later turns draft from their problem (multi-turn).
         self.conversations = ConversationKeys()
         self._conversation_lock = threading.Lock()
-        self._counters = dict(
-            rounds=0,
-            unattached_rounds=0,
-            request_rounds=0,
-            drafts=0,
-            draft_tokens=0,
-            accepted_tokens=0,
-            verified_drafts=0,
-            speculation_seconds=0.0,
-        )
+        self._counters = dict(rounds=0, unattached_rounds=0, speculation_seconds=0.0)
+
+    @property
+    def drafter(self) -> Any:
+        """The drafter (``das_trl.drafter.create_drafter``); assigning one replaces it for the next steps."""
+        return self.speculator.drafter
+
+    @drafter.setter
+    def drafter(self, drafter: Any) -> None:
+        for req_id in self.speculator.tracked():
+            self.speculator.finish(req_id)
+        self.speculator = Speculator(drafter, self.speculator.controller, self.max_model_len)
+
+    @property
+    def controller(self) -> BudgetController:
+        """The budget controller (``das_trl.budget.BudgetController``)."""
+        return self.speculator.controller
+
+    @controller.setter
+    def controller(self, controller: BudgetController) -> None:
+        self.speculator.set_controller(controller)
 
     # vLLM's CPU runner calls this unconditionally; a suffix-tree drafter has no model to load.
     def load_model(self, *args: Any, **kwargs: Any) -> None:
@@ -107,14 +114,14 @@ class DASProposer:
             )
         # Retire the requests tracked so far: clearing the bookkeeping alone left them active in the drafter forever
         # (a re-attach between two generations orphaned the last batch's requests).
-        for req_id in list(self._slot_of):
-            self._finish(req_id)
+        for req_id in self.speculator.tracked():
+            self.speculator.finish(req_id)
         if drafter_config is not None:
             if drafter_config != self.drafter.config:
                 state = self.drafter.state_dict()
-                self.drafter = create_drafter(drafter_config)
-                self.drafter.load_state_dict(state)
-                self._seen_totals = self.drafter.acceptance_totals()
+                drafter = create_drafter(drafter_config)
+                drafter.load_state_dict(state)
+                self.drafter = drafter
         if controller_config is not None:
             self.controller = BudgetController(controller_config)
             self._observe_history()
@@ -162,8 +169,8 @@ class DASProposer:
 
     def detach(self) -> None:
         """Forget the model runner: from the next round on the proposer drafts nothing (history is kept)."""
-        for req_id in list(self._slot_of):
-            self._finish(req_id)
+        for req_id in self.speculator.tracked():
+            self.speculator.finish(req_id)
         self._runner = None
 
     def propose(
@@ -191,45 +198,32 @@ class DASProposer:
             self._counters["unattached_rounds"] += 1
             return [[] for _ in range(n)]
         started = self._clock()
+        spec = self.speculator
         batch = self._runner.input_batch
         req_ids = batch.req_ids[:n]
-        live = set(req_ids)
-        for req_id in [r for r in self._slot_of if r not in live]:
-            self._finish(req_id)
+        if req_ids != self._last_req_ids:  # requests left or joined: retire the ones gone
+            live = set(req_ids)
+            for req_id in [r for r in spec.tracked() if r not in live]:
+                spec.finish(req_id)
+            self._last_req_ids = req_ids
         num_sampled = np.fromiter(map(len, sampled_token_ids), dtype=np.int64, count=n)
-        rows = np.flatnonzero(num_sampled)  # partial prefills: nothing to extend from yet
-        ids = [req_ids[r] for r in rows.tolist()]
+        if len(req_ids) == n and num_sampled.all():
+            rows, ids = np.arange(n), req_ids
+        else:
+            rows = np.flatnonzero(num_sampled)  # partial prefills: nothing to extend from yet
+            ids = [req_ids[r] for r in rows.tolist()]
         num_tokens = np.asarray(num_tokens_no_spec[:n], dtype=np.int64)[rows]
         num_prompt = np.asarray(batch.num_prompt_tokens[:n], dtype=np.int64)[rows]
-        new_rows = [i for i, req_id in enumerate(ids) if req_id not in self._slot_of]
+        new_rows = [i for i, req_id in enumerate(ids) if req_id not in spec]
         for i in new_rows:  # first sight of a request
             self._start(ids[i], token_ids_cpu[rows[i], :num_prompt[i]])
-        req = self._req
-        slots = np.fromiter((self._slot_of[r] for r in ids), dtype=np.int64, count=len(ids))
-        req.rounds[slots] += 1
         verified = self._verified_lengths(rows)
-        self._observe_verification(slots, num_sampled[rows], verified, started,
-                                   complete=not new_rows and len(rows) == n)
-        output_len = num_tokens - num_prompt
-        caps = np.minimum(self.num_speculative_tokens, self.max_model_len - num_tokens - 1)
-        out = self.drafter.step(ids, token_ids_cpu, rows, num_tokens, num_prompt, num_sampled[rows], verified, caps)
-        if len(ids):
-            # Keep what pays: the drafts were made to the hard cap; the controller cuts them, and the drafter is
-            # told what was really sent so verification is accounted against the cut length.
-            keep = self.controller.budgets(out.accept, req.key[slots], output_len, req.rounds[slots],
-                                           req.max_output[slots])
-            out.truncate(keep)
-            self.drafter.trim(ids, out.lengths)
-            req.expected[slots] = self.controller.last_expected_kept
-        req.sent[slots] = out.lengths
-        totals = self.drafter.acceptance_totals()
-        dd, dv, da = (now - seen for now, seen in zip(totals, self._seen_totals))
-        self._seen_totals = totals
-        self._counters["verified_drafts"] += dd
-        self._counters["accepted_tokens"] += da
-        self._counters["request_rounds"] += len(ids)
-        self._counters["drafts"] += int(np.count_nonzero(out.lengths))
-        self._counters["draft_tokens"] += int(out.lengths.sum())
+        step_ms = None
+        if self._step_end is not None and not new_rows and len(rows) == n:
+            # Only steps whose every token is known time the engine (no prefill chunk); the opt-in online cost fit
+            # (cost_source="online") reads them.
+            step_ms = 1000.0 * (started - self._step_end)
+        out = spec.step(ids, token_ids_cpu, rows, num_tokens, num_prompt, num_sampled[rows], verified, step_ms)
         drafts: list[list[int]] = [[] for _ in range(n)]
         for i in np.flatnonzero(out.lengths).tolist():  # only rows with a draft become Python lists
             drafts[int(rows[i])] = out.tokens[i, : out.lengths[i]].tolist()
@@ -238,36 +232,12 @@ class DASProposer:
         return drafts
 
     def _start(self, req_id: str, prompt: np.ndarray) -> None:
-        """Start tracking a request: the drafter's live state, a slot in the per-request arrays, its ``max_tokens``
-        (the controller's cap on its remaining length) when vLLM knows it."""
-        self.drafter.start_request(req_id, prompt, problem_key=self._request_problem_key(req_id, prompt))
-        slot = self._free_slots.pop() if self._free_slots else len(self._slot_of)
-        self._req.ensure(slot + 1)
-        self._slot_of[req_id] = slot
+        """Start tracking a request with its problem key and, when vLLM knows it, its ``max_tokens`` (the
+        controller's cap on its remaining length)."""
         request = getattr(self._runner, "requests", {}).get(req_id)
         max_tokens = getattr(getattr(request, "sampling_params", None), "max_tokens", None)
-        self._req.reset(slot, self.drafter.problem_of(req_id),
-                        max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else self.max_model_len)
-
-    def _observe_verification(self, slots: np.ndarray, num_sampled: np.ndarray, verified: np.ndarray, now: float,
-                              complete: bool) -> None:
-        """Tell the controller how its last kept drafts fared and, for the online cost fit, how long the step that
-        just ran took for how many tokens.
-
-        ``verified``: per row the draft tokens vLLM scheduled (-1: unknown, then the whole draft sent). The step's
-        tokens are known only when every row was seen before and none is a partial prefill (``complete``); the
-        interval is from the end of the last ``propose`` to ``now`` (forward pass, sampling, scheduling; not the
-        drafter's own time)."""
-        req = self._req
-        sent = req.sent[slots]
-        checked = np.where(verified >= 0, np.minimum(sent, verified), sent)
-        drafted = sent > 0
-        if drafted.any():
-            accepted = np.minimum(checked, num_sampled - 1)[drafted]
-            expected = (req.expected[slots] * checked / np.maximum(sent, 1))[drafted]
-            self.controller.observe_acceptance(float(expected.sum()), int(accepted.sum()))
-        if complete and self._step_end is not None and len(slots):
-            self.controller.observe_step(int(len(slots) + checked.sum()), 1000.0 * (now - self._step_end))
+        self.speculator.start(req_id, prompt, self._request_problem_key(req_id, prompt),
+                              max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else None)
 
     def _verified_lengths(self, rows: np.ndarray) -> np.ndarray:
         """How many draft tokens vLLM scheduled (verified) per row this step: the scheduler trims a draft to the
@@ -315,12 +285,6 @@ class DASProposer:
             return None
         return key
 
-    def _finish(self, req_id: str) -> None:
-        slot = self._slot_of.pop(req_id, None)
-        if slot is not None:
-            self._free_slots.append(slot)
-            self.drafter.stop_request(req_id)
-
     def stats(self) -> dict[str, Any]:
         """Proposer counters merged with the drafter's stats (history size, sources); JSON-serializable.
 
@@ -328,7 +292,9 @@ class DASProposer:
         ``rounds`` (propose calls), ``unattached_rounds`` (calls that proposed nothing
         because :meth:`attach` had not run), ``request_rounds``, ``drafts`` (non-empty drafts), ``draft_tokens``,
         ``accepted_tokens`` (as seen by the proposer: the final draft of each request is never observed),
-        ``speculation_seconds`` (time spent in :meth:`propose`), ``budget_*``: the
+        ``speculation_seconds`` (time spent in :meth:`propose`), ``speculated_rows`` (request-rounds the drafter
+        drafted: the controller's plan found they could pay), ``silent_steps`` (steps in which no row was drafted),
+        ``budget_*``: the
         budget controller's diagnostics (:meth:`BudgetController.stats` prefixed), ``budget_counters`` (which ``budget_*`` keys are cumulative), ``num_speculative_tokens``, ``history_problems``,
         ``history_appearances``, ``history_sequences``, ``history_tokens``, ``history_bytes`` (approximate),
         ``history_evicted_appearances``, ``active_requests``, ``calibration_tokens`` (verified draft tokens the drafter's
@@ -340,6 +306,9 @@ class DASProposer:
         out: dict[str, Any] = {"attached": self.attached, "num_speculative_tokens": self.num_speculative_tokens,
                                "engine_dtype": self.engine_dtype}
         out.update(self._counters)
+        spec = self.speculator.counters
+        out.update({k: spec[k] for k in ("request_rounds", "drafts", "draft_tokens", "verified_drafts",
+                                         "accepted_tokens", "speculated_rows", "silent_steps")})
         # The controller's diagnostics, by prefix; `budget_counters` names the cumulative ones (the trainer logs
         # their per-step differences and the rest as they are).
         out.update({f"budget_{k}": v for k, v in self.controller.stats().items()})
@@ -369,45 +338,14 @@ class DASProposer:
         """Drop the drafter's history and live requests (``DASDrafter.reset``). The requests tracked so far are
         forgotten here too: one still running is taken up again at its next round (the drafter catches up from the
         engine's token rows), and one that ended is not stopped twice."""
-        self._slot_of.clear()
-        self._free_slots.clear()
         self.drafter.reset()
-        self._seen_totals = self.drafter.acceptance_totals()
+        self.speculator.forget()
+        self._last_req_ids = []
 
     def reset_counters(self) -> None:
         """Zero the proposer's counters (history is kept)."""
         for key in self._counters:
             self._counters[key] = 0.0 if key == "speculation_seconds" else 0
+        for key in self.speculator.counters:
+            self.speculator.counters[key] = 0
         self.controller.reset_counters()
-
-
-class _RequestArrays:
-    """Per-request state the proposer keeps between engine steps, as arrays indexed by slot (vectorised per step).
-
-    ``key`` (``int64``: problem key), ``rounds`` (verification rounds so far), ``max_output`` (the request's
-    ``max_tokens``, else the model length), ``sent`` (draft tokens sent for verification last step), ``expected``
-    (``float64``: the controller's acceptance estimate for them). Grows by doubling; at most as many slots as
-    requests ever ran at once."""
-
-    def __init__(self, capacity: int) -> None:
-        self.key = np.zeros(capacity, np.int64)
-        self.rounds = np.zeros(capacity, np.int64)
-        self.max_output = np.zeros(capacity, np.int64)
-        self.sent = np.zeros(capacity, np.int64)
-        self.expected = np.zeros(capacity, np.float64)
-
-    def ensure(self, size: int) -> None:
-        if size > len(self.key):
-            cap = max(size, 2 * len(self.key))
-            for name in ("key", "rounds", "max_output", "sent", "expected"):
-                old = getattr(self, name)
-                new = np.zeros(cap, old.dtype)
-                new[: len(old)] = old
-                setattr(self, name, new)
-
-    def reset(self, slot: int, key: int, max_output: int) -> None:
-        self.key[slot] = key
-        self.rounds[slot] = -1  # the first step of a request is round 0
-        self.max_output[slot] = max_output
-        self.sent[slot] = 0
-        self.expected[slot] = 0.0

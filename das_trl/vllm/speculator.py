@@ -1,0 +1,232 @@
+"""One engine step of DAS speculation for a batch, as arrays: plan, draft, cut (no vLLM import).
+
+The vLLM proposer (``proposer.py``) feeds it from the model runner; the replay benchmark (``das_trl.bench``) drives
+the same object from recorded rollouts, so the replay measures exactly the calls the engine waits for. Per step:
+
+1. **Report** the previous drafts' verification: to the drafter (inside its ``step``), to the controller (how its
+   kept drafts fared) and to each request's acceptance record (the gate's predictor).
+2. **Plan** (:meth:`BudgetController.plan`): who finishes last, and which rows can pay for a draft at all, counting
+   the proposer's own CPU per drafted row. Rows that cannot are not drafted; a step where none can costs the
+   drafter only the hand-over of the new tokens (ingested off the critical path where the core supports it).
+3. **Draft** the planned rows up to their hard cap (``num_speculative_tokens``, the model length) in one drafter call.
+4. **Cut** (:meth:`BudgetController.cut`): keep, per drafted row, the tokens that pay; the drafter is told what was
+   really sent (``trim``) so verification is accounted against the cut length.
+
+Cost per step: O(rows) numpy work plus the drafter's call; the request-id -> slot mapping is rebuilt only when the
+batch's request list changed. Not thread-safe (vLLM calls the proposer from one thread).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from das_trl.budget import BudgetController
+from das_trl.drafter.draft_batch import DraftBatch
+
+#: Per-token acceptance outcomes of a request fade by this factor at each of its verified drafts (the gate's memory).
+_OUTCOME_DECAY = 0.8
+
+
+class Speculator:
+    """Drafter + budget controller for one engine, per step (see the module docstring).
+
+    Args:
+        drafter: a drafter from :func:`das_trl.drafter.create_drafter` (its ``max_spec_tokens`` is the hard cap K).
+        controller: the :class:`~das_trl.budget.BudgetController`.
+        max_model_len: the engine's model length: a draft never runs past it.
+    """
+
+    def __init__(self, drafter: Any, controller: BudgetController, max_model_len: int) -> None:
+        self.drafter = drafter
+        self.controller = controller
+        self.max_model_len = int(max_model_len)
+        self._slot_of: dict[str, int] = {}
+        self._free: list[int] = []
+        self._req = _RequestArrays(256)
+        self.set_controller(controller)
+        self._last_ids: list[str] | None = None
+        self._last_slots = np.zeros(0, np.int64)
+        self._seen_totals = drafter.acceptance_totals()
+        self.counters = dict(steps=0, request_rounds=0, speculated_rows=0, silent_steps=0, drafts=0, draft_tokens=0,
+                             verified_drafts=0, accepted_tokens=0)
+
+    def set_controller(self, controller: BudgetController) -> None:
+        """Use another budget controller from the next step on (tracked requests keep their records)."""
+        self.controller = controller
+        self._req.prior = controller.config.gate_acceptance_prior
+        self._req.prior_rounds = controller.config.gate_prior_rounds
+
+    # ------------------------------------------------------------------ requests
+    def start(self, req_id: str, prompt_token_ids: np.ndarray | Sequence[int], problem_key: int | None = None,
+              max_output: int | None = None) -> None:
+        """Begin tracking a request (the drafter's live state and a slot in the per-request arrays).
+
+        Args:
+            prompt_token_ids: ``int`` token ids of the prompt.
+            problem_key: explicit problem key (``None``: the hash of the prompt).
+            max_output: the request's ``max_tokens`` (``None``: the model length); caps its remaining length.
+
+        Raises:
+            ValueError: the request is already tracked, or bad ids / key (from the drafter).
+        """
+        if req_id in self._slot_of:
+            raise ValueError(f"request {req_id!r} is already tracked")
+        self.drafter.start_request(req_id, prompt_token_ids, problem_key=problem_key)
+        slot = self._free.pop() if self._free else len(self._slot_of)
+        self._req.ensure(slot + 1)
+        self._slot_of[req_id] = slot
+        self._req.reset(slot, self.drafter.problem_of(req_id),
+                        max_output if isinstance(max_output, int) and max_output > 0 else self.max_model_len)
+        self._last_ids = None
+
+    def finish(self, req_id: str) -> None:
+        """Stop tracking a request (its text lingers in the drafter for siblings). Unknown ids are ignored."""
+        slot = self._slot_of.pop(req_id, None)
+        if slot is not None:
+            self._free.append(slot)
+            self.drafter.stop_request(req_id)
+            self._last_ids = None
+
+    def tracked(self) -> list[str]:
+        """Ids of the tracked requests (a new list)."""
+        return list(self._slot_of)
+
+    def __contains__(self, req_id: str) -> bool:
+        return req_id in self._slot_of
+
+    def forget(self) -> None:
+        """Forget every tracked request without stopping it in the drafter (after the drafter was reset)."""
+        self._slot_of.clear()
+        self._free.clear()
+        self._last_ids = None
+        self._seen_totals = self.drafter.acceptance_totals()
+
+    # ------------------------------------------------------------------ per step
+    def step(self, req_ids: list[str], token_matrix: np.ndarray, rows: np.ndarray, num_tokens: np.ndarray,
+             num_prompt: np.ndarray, num_sampled: np.ndarray, num_verified: np.ndarray | None = None,
+             step_ms: float | None = None) -> DraftBatch:
+        """One engine step for the tracked requests ``req_ids`` (each row got at least one token this step).
+
+        Args:
+            req_ids: ``n`` tracked request ids (the list is compared with the last step's to reuse the slot lookup).
+            token_matrix: ``int32 [R, L]`` every row's tokens (vLLM's ``token_ids_cpu``), read in place.
+            rows: ``int [n]`` each request's row in ``token_matrix``.
+            num_tokens / num_prompt: ``int [n]`` tokens (prompt + output, drafts excluded) / prompt tokens per row.
+            num_sampled: ``int [n]`` tokens each row gained this step (accepted drafts + 1).
+            num_verified: ``int [n]`` draft tokens vLLM scheduled last step per row (-1 / ``None``: the whole draft
+                sent).
+            step_ms: how long the engine step that produced these tokens took (ms), when every one of its tokens is
+                accounted for here (no prefill chunks); only the opt-in online cost fit (``cost_source="online"``)
+                reads it, because measured times make budgets, and so sampled rollouts, differ run to run.
+
+        Returns:
+            :class:`~das_trl.drafter.draft_batch.DraftBatch` of ``n`` rows, cut to what pays.
+
+        Raises:
+            KeyError: a request is not tracked. ValueError: shapes or lengths out of range (from the drafter).
+        """
+        n = len(req_ids)
+        if req_ids == self._last_ids:
+            slots = self._last_slots
+        else:
+            slots = np.fromiter((self._slot_of[r] for r in req_ids), dtype=np.int64, count=n)
+            self._last_ids, self._last_slots = list(req_ids), slots
+        req = self._req
+        num_tokens = np.asarray(num_tokens, dtype=np.int64)
+        num_sampled = np.asarray(num_sampled, dtype=np.int64)
+        verified = np.full(n, -1, np.int64) if num_verified is None else np.asarray(num_verified, dtype=np.int64)
+        req.rounds[slots] += 1
+        checked = self._observe_verification(slots, num_sampled, verified)
+        if step_ms is not None and n and self.controller.config.cost_source == "online":
+            self.controller.observe_step(n + int(checked.sum()), step_ms)
+        output_len = num_tokens - np.asarray(num_prompt, dtype=np.int64)
+        k = self.drafter.config.max_spec_tokens
+        caps = np.clip(np.minimum(k, self.max_model_len - num_tokens - 1), 0, None)
+        ctl = self.controller
+        plan = ctl.plan(req.key[slots], output_len, req.rounds[slots], req.max_output[slots], caps,
+                        req.acceptance(slots), slots)
+        budgets = np.where(plan.draft, caps, 0)
+        out = self.drafter.step(req_ids, token_matrix, rows, num_tokens, num_prompt, num_sampled, verified, budgets)
+        drafting = np.flatnonzero(out.lengths)
+        if len(drafting):
+            keep = np.zeros(n, np.int64)
+            keep[drafting] = ctl.cut(plan, out.accept[drafting], drafting)
+            out.truncate(keep)
+            self.drafter.trim([req_ids[i] for i in drafting.tolist()], out.lengths[drafting])
+            req.expected[slots[drafting]] = ctl.last_expected_kept
+        req.sent[slots] = out.lengths
+        c = self.counters
+        totals = self.drafter.acceptance_totals()  # the drafter learnt last step's outcomes inside its step
+        dd, _, da = (now - seen for now, seen in zip(totals, self._seen_totals))
+        self._seen_totals = totals
+        c["verified_drafts"] += dd
+        c["accepted_tokens"] += da
+        c["steps"] += 1
+        c["request_rounds"] += n
+        c["speculated_rows"] += int(plan.draft.sum())
+        c["silent_steps"] += int(not plan.draft.any())
+        c["drafts"] += int(np.count_nonzero(out.lengths))
+        c["draft_tokens"] += int(out.lengths.sum())
+        return out
+
+    def _observe_verification(self, slots: np.ndarray, num_sampled: np.ndarray, verified: np.ndarray) -> np.ndarray:
+        """How last step's drafts fared: the controller's kept-draft record, each request's acceptance record and
+        the drafter's totals. ``verified``: draft tokens vLLM scheduled (-1: the whole draft sent). Returns the draft
+        tokens verified per row (``int64 [n]``)."""
+        req = self._req
+        sent = req.sent[slots]
+        all_checked = np.where(verified >= 0, np.minimum(sent, verified), sent)
+        drafted = sent > 0
+        if drafted.any():
+            checked = all_checked[drafted]
+            accepted = np.minimum(checked, num_sampled[drafted] - 1)
+            expected = (req.expected[slots] * all_checked / np.maximum(sent, 1))[drafted]
+            self.controller.observe_acceptance(float(expected.sum()), int(accepted.sum()))
+            s = slots[drafted]
+            req.hits[s] = _OUTCOME_DECAY * req.hits[s] + accepted
+            req.misses[s] = _OUTCOME_DECAY * req.misses[s] + (accepted < checked)
+        return all_checked
+
+
+class _RequestArrays:
+    """Per-request state kept between engine steps, as arrays indexed by slot (vectorised per step).
+
+    ``key`` (``int64``: problem key), ``rounds`` (verification rounds so far), ``max_output`` (the request's
+    ``max_tokens``, else the model length), ``sent`` (draft tokens sent for verification last step), ``expected``
+    (``float64``: the controller's acceptance estimate for them), ``hits`` / ``misses`` (``float64``: fading counts
+    of accepted draft tokens and of rejections, the request's own per-token acceptance record). Grows by doubling; at
+    most as many slots as requests ever ran at once."""
+
+    _FIELDS = (("key", np.int64), ("rounds", np.int64), ("max_output", np.int64), ("sent", np.int64),
+               ("expected", np.float64), ("hits", np.float64), ("misses", np.float64))
+
+    def __init__(self, capacity: int) -> None:
+        for name, dtype in self._FIELDS:
+            setattr(self, name, np.zeros(capacity, dtype))
+        self.prior = 0.7
+        self.prior_rounds = 2.0
+
+    def ensure(self, size: int) -> None:
+        if size > len(self.key):
+            cap = max(size, 2 * len(self.key))
+            for name, dtype in self._FIELDS:
+                old = getattr(self, name)
+                new = np.zeros(cap, dtype)
+                new[: len(old)] = old
+                setattr(self, name, new)
+
+    def reset(self, slot: int, key: int, max_output: int) -> None:
+        self.key[slot] = key
+        self.rounds[slot] = -1  # the first step of a request is round 0
+        self.max_output[slot] = max_output
+        self.sent[slot] = self.expected[slot] = self.hits[slot] = self.misses[slot] = 0
+
+    def acceptance(self, slots: np.ndarray) -> np.ndarray:
+        """Predicted per-token acceptance ``float64 [n]``: the request's fading record of accepted tokens and
+        rejections (a geometric model: ``hits / (hits + misses)``) with ``prior_rounds`` pseudo-rejections at the
+        prior."""
+        q0, r0 = self.prior, self.prior_rounds
+        hits = self.hits[slots] + r0 * q0 / (1.0 - q0)
+        return hits / (hits + self.misses[slots] + r0)
