@@ -1,6 +1,8 @@
 // Python bindings of the native drafter core (nanobind). The only file that knows about Python: arrays are
 // borrowed for the duration of a call (const inputs accept read-only arrays), history token arrays are copied
-// before the call returns, and the GIL is released for the batched propose and while waiting for history builds.
+// before the call returns, and the GIL is released for the batched propose and step, for every call that may wait
+// for the drafter's ingest thread (it holds the drafter's mutex while it ingests a deferred step), and while waiting
+// for history builds.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
@@ -52,6 +54,7 @@ das::DrafterConfig config_from(const nb::dict& d) {
   c.cal_decay = get<double>(d, "calibration_step_decay", c.cal_decay);
   c.builder_threads = get<int>(d, "builder_threads", c.builder_threads);
   c.draft_threads = get<int>(d, "draft_threads", c.draft_threads);
+  c.background_ingest = get<bool>(d, "background_ingest", c.background_ingest);
   return c;
 }
 
@@ -93,21 +96,28 @@ NB_MODULE(_das_native, m) {
            "config"_a)
       .def("start",
            [](das::Drafter& d, int32_t slot, In1<int32_t> prompt, uint64_t problem) {
+             nb::gil_scoped_release nogil;
              d.start(slot, prompt.data(), static_cast<int64_t>(prompt.shape(0)), problem);
            },
            "slot"_a, "prompt"_a, "problem"_a)
       .def("extend",
            [](das::Drafter& d, int32_t slot, In1<int32_t> tokens) {
+             nb::gil_scoped_release nogil;
              slot_guard([&] { d.extend(slot, tokens.data(), static_cast<int64_t>(tokens.shape(0))); });
            },
            "slot"_a, "tokens"_a)
-      .def("stop", [](das::Drafter& d, int32_t slot) { slot_guard([&] { d.stop(slot); }); }, "slot"_a)
+      .def("stop",
+           [](das::Drafter& d, int32_t slot) {
+             nb::gil_scoped_release nogil;
+             slot_guard([&] { d.stop(slot); });
+           },
+           "slot"_a)
       .def("active", &das::Drafter::active, "slot"_a)
       .def("problem_of", [](das::Drafter& d, int32_t slot) { return slot_guard([&] { return d.problem_of(slot); }); },
            "slot"_a)
       .def("propose",
            [](das::Drafter& d, In1<int32_t> slots, In1<int32_t> budgets, Out2<int32_t> tokens, Out2<double> accept,
-              Out1<int32_t> lengths, Out1<int8_t> source, Out1<int32_t> match_len) {
+              Out1<int32_t> lengths, Out1<int8_t> source, Out1<int32_t> match_len, bool fill_idle) {
              const size_t n = slots.shape(0);
              const size_t K = static_cast<size_t>(d.config().max_spec_tokens);
              need_rows("budgets", budgets.shape(0), n);
@@ -122,15 +132,17 @@ NB_MODULE(_das_native, m) {
              nb::gil_scoped_release nogil;
              slot_guard([&] {
                d.propose(slots.data(), budgets.data(), static_cast<int64_t>(n), tokens.data(), accept.data(),
-                         lengths.data(), source.data(), match_len.data());
+                         lengths.data(), source.data(), match_len.data(), fill_idle);
              });
            },
-           "slots"_a, "budgets"_a, "tokens"_a, "accept"_a, "lengths"_a, "source"_a, "match_len"_a)
+           "slots"_a, "budgets"_a, "tokens"_a, "accept"_a, "lengths"_a, "source"_a, "match_len"_a,
+           "fill_idle"_a = true)
       .def("step",
            [](das::Drafter& d, nb::ndarray<const int32_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> matrix,
               In1<int32_t> slots, In1<int32_t> rows, In1<int32_t> num_tokens, In1<int32_t> num_prompt,
               In1<int32_t> num_sampled, In1<int32_t> num_verified, In1<int32_t> budgets, Out2<int32_t> tokens,
-              Out2<double> accept, Out1<int32_t> lengths, Out1<int8_t> source, Out1<int32_t> match_len) {
+              Out2<double> accept, Out1<int32_t> lengths, Out1<int8_t> source, Out1<int32_t> match_len,
+              bool fill_idle) {
              const size_t n = slots.shape(0);
              const size_t K = static_cast<size_t>(d.config().max_spec_tokens);
              for (auto [name, got] : {std::pair<const char*, size_t>{"rows", rows.shape(0)},
@@ -148,25 +160,33 @@ NB_MODULE(_das_native, m) {
                d.step(matrix.data(), static_cast<int64_t>(matrix.shape(0)), static_cast<int64_t>(matrix.shape(1)),
                       slots.data(), rows.data(), num_tokens.data(), num_prompt.data(), num_sampled.data(),
                       num_verified.data(), budgets.data(), static_cast<int64_t>(n), tokens.data(), accept.data(),
-                      lengths.data(), source.data(), match_len.data());
+                      lengths.data(), source.data(), match_len.data(), fill_idle);
              });
            },
            "matrix"_a, "slots"_a, "rows"_a, "num_tokens"_a, "num_prompt"_a, "num_sampled"_a, "num_verified"_a,
-           "budgets"_a, "tokens"_a, "accept"_a, "lengths"_a, "source"_a, "match_len"_a)
+           "budgets"_a, "tokens"_a, "accept"_a, "lengths"_a, "source"_a, "match_len"_a, "fill_idle"_a = true)
+      .def("flush",
+           [](das::Drafter& d) {
+             nb::gil_scoped_release nogil;
+             d.flush();
+           })
       .def("trim",
            [](das::Drafter& d, In1<int32_t> slots, In1<int32_t> lengths) {
              need_rows("lengths", lengths.shape(0), slots.shape(0));
+             nb::gil_scoped_release nogil;
              slot_guard([&] { d.trim(slots.data(), lengths.data(), static_cast<int64_t>(slots.shape(0))); });
            },
            "slots"_a, "lengths"_a)
       .def("record_acceptance",
            [](das::Drafter& d, int32_t slot, int64_t accepted, int64_t verified) {
+             nb::gil_scoped_release nogil;
              slot_guard([&] { d.record_acceptance(slot, accepted, verified); });
            },
            "slot"_a, "accepted"_a, "verified"_a = -1)
-      .def("release_finished", &das::Drafter::release_finished, "problems"_a)
+      .def("release_finished", &das::Drafter::release_finished, "problems"_a,
+           nb::call_guard<nb::gil_scoped_release>())
       .def("new_step", &das::Drafter::new_step)
-      .def("reset_requests", &das::Drafter::reset_requests)
+      .def("reset_requests", &das::Drafter::reset_requests, nb::call_guard<nb::gil_scoped_release>())
       .def("submit_history",
            [](das::Drafter& d, uint64_t key, In1<int32_t> tokens, In1<int64_t> offsets, In1<int32_t> weights) {
              const size_t n = offsets.shape(0);
@@ -199,8 +219,16 @@ NB_MODULE(_das_native, m) {
       })
       .def("stats",
            [](das::Drafter& d) {
+             das::Drafter::Counters c;
+             das::Drafter::LiveStats l;
+             das::Drafter::IngestStats g;
+             {
+               nb::gil_scoped_release nogil;
+               g = d.ingest_stats();  // first: the tokens still queued now
+               c = d.counters();
+               l = d.live_stats();  // completes a deferred ingest first
+             }
              nb::dict out;
-             auto c = d.counters();
              out["proposals"] = c.proposals;
              out["drafts"] = c.drafts;
              out["draft_tokens"] = c.draft_tokens;
@@ -211,7 +239,11 @@ NB_MODULE(_das_native, m) {
              for (auto w : c.wins) wins.append(w);
              out["wins"] = wins;
              out["calibration_tokens"] = d.calibration_tokens();
-             auto l = d.live_stats();
+             out["deferred_steps"] = g.deferred_steps;
+             out["caller_ingests"] = g.caller_ingests;
+             out["ingest_background_seconds"] = g.background_seconds;
+             out["ingest_last_seconds"] = g.last_seconds;
+             out["ingest_queued_tokens"] = g.queued_tokens;
              out["active_requests"] = l.active_requests;
              out["sibling_groups"] = l.sibling_groups;
              out["lingering_finished"] = l.lingering_finished;
@@ -247,7 +279,7 @@ NB_MODULE(_das_native, m) {
              return nb::make_tuple(c.verified_drafts, c.verified_tokens, c.accepted_tokens);
            })
       .def("calibration_ratio", &das::Drafter::calibration_ratio, "source"_a, "bucket"_a, "bin"_a)
-      .def("check", &das::Drafter::check);
+      .def("check", &das::Drafter::check, nb::call_guard<nb::gil_scoped_release>());
 
   m.def(
       "controller_budgets",

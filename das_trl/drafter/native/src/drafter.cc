@@ -1,6 +1,7 @@
 #include "drafter.h"
 
 #include <algorithm>
+#include <chrono>
 #include <string>
 #include <tuple>
 
@@ -89,6 +90,80 @@ Drafter::Drafter(const DrafterConfig& cfg)
   sp_.min_prob = static_cast<float>(cfg.min_token_prob);
   sp_.prepare();
   if (cfg.draft_threads > 1) workers_ = std::make_unique<WorkerPool>(cfg.draft_threads);
+  if (cfg.background_ingest) ingest_thread_ = std::thread([this] { ingest_loop(); });
+}
+
+Drafter::~Drafter() {
+  if (!ingest_thread_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lk(mu_);  // waits for an ingest in progress
+    ingest_stop_ = true;
+  }
+  ingest_cv_.notify_all();
+  ingest_thread_.join();
+}
+
+// ------------------------------------------------------------------ deferred ingest
+
+void Drafter::ingest_loop() {
+  Lock lk(mu_);
+  for (;;) {
+    ingest_cv_.wait(lk, [this] { return ingest_stop_ || !defer_rows_.empty(); });
+    if (ingest_stop_) return;
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      ingest_deferred_locked();
+    } catch (...) {  // std::bad_alloc: the next caller that needs the state raises it
+      ingest_error_ = std::current_exception();
+      defer_rows_.clear();
+      defer_tokens_.clear();
+    }
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ingest_.background_seconds += dt;
+    ingest_.last_seconds = dt;
+  }
+}
+
+void Drafter::ingest_deferred_locked() {
+  const size_t m = defer_rows_.size();
+  for (size_t j = 0; j < m; ++j) {
+    if (j + 2 < m) prefetch_row(reqs_[defer_rows_[j + 2].slot], nullptr, nullptr);
+    const Deferred& d = defer_rows_[j];
+    Request& r = reqs_[d.slot];
+    r.queued -= d.n;
+    extend_locked(r, defer_tokens_.data() + d.begin, d.n);
+  }
+  defer_rows_.clear();
+  defer_tokens_.clear();
+  if (defer_tokens_.capacity() > (size_t{1} << 22)) std::vector<int32_t>().swap(defer_tokens_);  // after a huge step
+}
+
+void Drafter::sync_locked() {
+  if (!defer_rows_.empty()) {  // the thread has not started it: the caller needs the state now
+    ++ingest_.caller_ingests;
+    ingest_deferred_locked();
+  }
+  if (ingest_error_) {
+    std::exception_ptr e = ingest_error_;
+    ingest_error_ = nullptr;
+    std::rethrow_exception(e);
+  }
+}
+
+Drafter::Lock Drafter::lock_synced() const {
+  Drafter* self = const_cast<Drafter*>(this);
+  Lock lk(self->mu_);  // the ingest thread holds mu_ for a whole step's ingest: this waits for one in progress
+  self->sync_locked();
+  return lk;
+}
+
+void Drafter::flush() { lock_synced(); }
+
+Drafter::IngestStats Drafter::ingest_stats() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  IngestStats s = ingest_;
+  s.queued_tokens = static_cast<int64_t>(defer_tokens_.size());
+  return s;
 }
 
 Drafter::Request& Drafter::req(int32_t slot) {
@@ -99,7 +174,7 @@ Drafter::Request& Drafter::req(int32_t slot) {
 const Drafter::Request& Drafter::req(int32_t slot) const { return const_cast<Drafter*>(this)->req(slot); }
 
 void Drafter::start(int32_t slot, const int32_t* prompt, int64_t n, uint64_t problem) {
-  std::lock_guard<std::mutex> lk(mu_);
+  Lock lk = lock_synced();
   start_locked(slot, prompt, n, problem);
 }
 
@@ -129,7 +204,7 @@ void Drafter::start_locked(int32_t slot, const int32_t* prompt, int64_t n, uint6
 }
 
 void Drafter::extend(int32_t slot, const int32_t* tokens, int64_t n) {
-  std::lock_guard<std::mutex> lk(mu_);
+  Lock lk = lock_synced();
   extend_locked(req(slot), tokens, n);
 }
 
@@ -148,7 +223,7 @@ void Drafter::extend_locked(Request& r, const int32_t* tokens, int64_t n) {
 }
 
 void Drafter::stop(int32_t slot) {
-  std::lock_guard<std::mutex> lk(mu_);
+  Lock lk = lock_synced();  // a stopping request's text must be complete for its siblings
   stop_locked(req(slot));
 }
 
@@ -357,9 +432,9 @@ void Drafter::propose_row(Request& r, int budget, const Snapshot* psnap, const S
 }
 
 void Drafter::propose(const int32_t* slots, const int32_t* budgets, int64_t n, int32_t* tokens, double* accept,
-                      int32_t* lengths, int8_t* source, int32_t* match_len) {
-  std::lock_guard<std::mutex> lk(mu_);
-  propose_rows(slots, budgets, n, tokens, accept, lengths, source, match_len);
+                      int32_t* lengths, int8_t* source, int32_t* match_len, bool fill_idle) {
+  Lock lk = lock_synced();
+  propose_rows(slots, budgets, n, tokens, accept, lengths, source, match_len, fill_idle);
 }
 
 void Drafter::prefetch_row(const Request& r, const Snapshot* psnap, const Snapshot* gsnap) const {
@@ -377,36 +452,56 @@ void Drafter::prefetch_row(const Request& r, const Snapshot* psnap, const Snapsh
 }
 
 void Drafter::propose_rows(const int32_t* slots, const int32_t* budgets, int64_t n, int32_t* tokens, double* accept,
-                           int32_t* lengths, int8_t* source, int32_t* match_len) {
+                           int32_t* lengths, int8_t* source, int32_t* match_len, bool fill_idle) {
   const int K = cfg_.max_spec_tokens;
   for (int64_t i = 0; i < n; ++i) req(slots[i]);  // validate every row before changing any state
-  keys_buf_.resize(n + 1);
-  for (int64_t i = 0; i < n; ++i) keys_buf_[i] = reqs_[slots[i]].problem;
-  keys_buf_[n] = HistoryIndex::kGlobalKey;
-  history_.get_many(keys_buf_.data(), keys_buf_.size(), snaps_buf_);
-  const Snapshot* gsnap = snaps_buf_[n].get();
-  // Groups that lost members are rebuilt before the rows are drafted in parallel (drafting only reads them).
+  // Rows that do not draft: "no draft" and nothing else (no snapshot, no group check, no search).
+  draft_rows_.clear();
   for (int64_t i = 0; i < n; ++i) {
-    const int32_t seq = reqs_[slots[i]].seq;
+    if (budgets[i] > 0) {
+      draft_rows_.push_back(static_cast<int32_t>(i));
+      continue;
+    }
+    reqs_[slots[i]].pend_n = -1;  // a draft never reported verified teaches nothing
+    lengths[i] = 0;
+    source[i] = -1;
+    match_len[i] = 0;
+    if (fill_idle) {
+      std::fill(tokens + i * K, tokens + (i + 1) * K, 0);
+      std::fill(accept + i * K, accept + (i + 1) * K, 0.0);
+    }
+  }
+  const int64_t m = static_cast<int64_t>(draft_rows_.size());
+  if (m == 0) return;
+  const int32_t* dr = draft_rows_.data();
+  keys_buf_.resize(m + 1);
+  for (int64_t j = 0; j < m; ++j) keys_buf_[j] = reqs_[slots[dr[j]]].problem;
+  keys_buf_[m] = HistoryIndex::kGlobalKey;
+  history_.get_many(keys_buf_.data(), keys_buf_.size(), snaps_buf_);
+  const Snapshot* gsnap = snaps_buf_[m].get();
+  // Groups that lost members are rebuilt before the rows are drafted in parallel (drafting only reads them).
+  for (int64_t j = 0; j < m; ++j) {
+    const int32_t seq = reqs_[slots[dr[j]]].seq;
     if (seq >= 0) pool_.group_of(seq, 0), pool_.group_of(seq, 1);
   }
   const int threads = workers_ ? workers_->threads() : 1;
   worker_ctr_.assign(threads, Counters());
   auto rows = [&](int64_t begin, int64_t end, int w) {
-    for (int64_t i = begin; i < end; ++i) {
-      if (i + 2 < end) prefetch_row(reqs_[slots[i + 2]], snaps_buf_[i + 2].get(), gsnap);
+    for (int64_t j = begin; j < end; ++j) {
+      if (j + 2 < end) prefetch_row(reqs_[slots[dr[j + 2]]], snaps_buf_[j + 2].get(), gsnap);
+      const int64_t i = dr[j];
       RowOut out;
       out.tokens = tokens + i * K;
       out.accept = accept + i * K;
       std::fill(out.tokens, out.tokens + K, 0);
       std::fill(out.accept, out.accept + K, 0.0);
-      propose_row(reqs_[slots[i]], budgets[i], snaps_buf_[i].get(), gsnap, out, worker_ctr_[w]);
+      propose_row(reqs_[slots[i]], budgets[i], snaps_buf_[j].get(), gsnap, out, worker_ctr_[w]);
       lengths[i] = out.length;
       source[i] = out.source;
       match_len[i] = out.match_len;
     }
   };
-  if (workers_) workers_->run(n, rows); else rows(0, n, 0);
+  if (workers_) workers_->run(m, rows); else rows(0, m, 0);
   for (const Counters& c : worker_ctr_) {
     ctr_.proposals += c.proposals;
     ctr_.drafts += c.drafts;
@@ -417,15 +512,17 @@ void Drafter::propose_rows(const int32_t* slots, const int32_t* budgets, int64_t
 }
 
 void Drafter::record_acceptance(int32_t slot, int64_t accepted, int64_t verified) {
-  std::lock_guard<std::mutex> lk(mu_);
+  Lock lk = lock_synced();
   record_locked(req(slot), accepted, verified);
 }
 
 void Drafter::step(const int32_t* matrix, int64_t rows_in_matrix, int64_t row_len, const int32_t* slots,
                    const int32_t* rows, const int32_t* num_tokens, const int32_t* num_prompt,
                    const int32_t* num_sampled, const int32_t* num_verified, const int32_t* budgets, int64_t n,
-                   int32_t* tokens, double* accept, int32_t* lengths, int8_t* source, int32_t* match_len) {
-  std::lock_guard<std::mutex> lk(mu_);
+                   int32_t* tokens, double* accept, int32_t* lengths, int8_t* source, int32_t* match_len,
+                   bool fill_idle) {
+  Lock lk(mu_);
+  bool drafting = false;
   for (int64_t i = 0; i < n; ++i) {  // validate every row before changing any state
     req(slots[i]);
     if (rows[i] < 0 || rows[i] >= rows_in_matrix || num_prompt[i] < 0 || num_prompt[i] > num_tokens[i] ||
@@ -434,14 +531,19 @@ void Drafter::step(const int32_t* matrix, int64_t rows_in_matrix, int64_t row_le
                        ", num_prompt " + std::to_string(num_prompt[i]) + ", num_tokens " +
                        std::to_string(num_tokens[i]) + " (matrix " + std::to_string(rows_in_matrix) + " x " +
                        std::to_string(row_len) + ")");
+    drafting |= budgets[i] > 0;
   }
+  // The previous step's deferred tokens first (usually ingested by the thread during the forward pass already).
+  sync_locked();
+  const bool defer = ingest_thread_.joinable() && !drafting;
   for (int64_t i = 0; i < n; ++i) {
     Request& r = reqs_[slots[i]];
-    if (i + 2 < n) prefetch_row(reqs_[slots[i + 2]], nullptr, nullptr);
     const int32_t* text = matrix + static_cast<int64_t>(rows[i]) * row_len;
     const int64_t num_output = static_cast<int64_t>(num_tokens[i]) - num_prompt[i];
-    if (r.output_len > num_output || r.prompt_len != num_prompt[i]) {
-      // Preempted and recomputed from a shorter state (or a new prompt): start over from the prompt.
+    if (r.output_len + r.queued > num_output || r.prompt_len != num_prompt[i]) {
+      // Preempted and recomputed from a shorter state (or a new prompt): start over from the prompt. Rows deferred
+      // earlier in this step are ingested first, so the automata see the synchronous path's order.
+      if (defer) sync_locked();
       const uint64_t problem = r.problem;
       stop_locked(r);
       start_locked(slots[i], text, num_prompt[i], problem);
@@ -450,13 +552,29 @@ void Drafter::step(const int32_t* matrix, int64_t rows_in_matrix, int64_t row_le
       if (num_verified[i] >= 0) verified = std::min<int64_t>(verified, num_verified[i]);
       record_locked(r, std::min<int64_t>(verified, num_sampled[i] - 1), verified);
     }
-    extend_locked(r, text + num_prompt[i] + r.output_len, num_output - r.output_len);
+    const int64_t known = r.output_len + r.queued;
+    const int64_t fresh = num_output - known;
+    if (fresh <= 0) continue;
+    if (defer) {
+      const int32_t* from = text + num_prompt[i] + known;
+      defer_rows_.push_back(Deferred{slots[i], static_cast<int64_t>(defer_tokens_.size()), fresh});
+      defer_tokens_.insert(defer_tokens_.end(), from, from + fresh);
+      r.queued += fresh;
+    } else {
+      if (i + 2 < n) prefetch_row(reqs_[slots[i + 2]], nullptr, nullptr);
+      extend_locked(r, text + num_prompt[i] + known, fresh);
+    }
   }
-  propose_rows(slots, budgets, n, tokens, accept, lengths, source, match_len);
+  // In a deferred step no row drafts: this only writes the "no draft" outputs.
+  propose_rows(slots, budgets, n, tokens, accept, lengths, source, match_len, fill_idle);
+  if (!defer || defer_rows_.empty()) return;
+  ++ingest_.deferred_steps;
+  lk.unlock();
+  ingest_cv_.notify_one();
 }
 
 void Drafter::trim(const int32_t* slots, const int32_t* lengths, int64_t n) {
-  std::lock_guard<std::mutex> lk(mu_);
+  Lock lk = lock_synced();
   for (int64_t i = 0; i < n; ++i) {
     Request& r = req(slots[i]);
     const int keep = std::max(0, lengths[i]);
@@ -486,7 +604,7 @@ void Drafter::record_locked(Request& r, int64_t accepted, int64_t verified) {
 }
 
 void Drafter::release_finished(const std::vector<uint64_t>& problems) {
-  std::lock_guard<std::mutex> lk(mu_);
+  Lock lk = lock_synced();
   pool_.release_finished(problems);
 }
 
@@ -496,7 +614,10 @@ void Drafter::new_step() {
 }
 
 void Drafter::reset_requests() {
-  std::lock_guard<std::mutex> lk(mu_);
+  std::lock_guard<std::mutex> lk(mu_);  // waits for an ingest in progress; what is still deferred is dropped
+  defer_rows_.clear();
+  defer_tokens_.clear();
+  ingest_error_ = nullptr;
   reqs_.clear();
   pool_.clear();
   active_ = 0;
@@ -520,7 +641,7 @@ double Drafter::calibration_ratio(int source, int bucket, int bin) const {
 }
 
 Drafter::LiveStats Drafter::live_stats() const {
-  std::lock_guard<std::mutex> lk(mu_);
+  Lock lk = lock_synced();
   LiveStats s;
   s.active_requests = active_;
   s.sibling_groups = pool_.sibling_groups();
@@ -546,7 +667,7 @@ Drafter::LiveStats Drafter::live_stats() const {
 }
 
 std::string Drafter::check() const {
-  std::lock_guard<std::mutex> lk(mu_);
+  Lock lk = lock_synced();
   std::string g = pool_.check();
   if (!g.empty()) return g;
   for (size_t i = 0; i < reqs_.size(); ++i) {

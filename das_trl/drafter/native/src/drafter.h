@@ -3,16 +3,31 @@
 // the same semantics: tests compare the two draft for draft (tests/drafter/test_native_equivalence.py).
 //
 // Per request and round the work is O(new tokens) to advance its match states and automata, plus the draft search
-// on each source (speculate.h). The Python layer validates input and maps request ids to slots.
-// Thread-safety: every public method takes the drafter's mutex; history snapshots are built on HistoryIndex's own
-// threads and read without blocking.
+// on each source (speculate.h) for the rows that draft (budget > 0); a row that does not draft costs its validation,
+// its verification report and the copy of its new tokens. The Python layer validates input and maps request ids to
+// slots.
+//
+// Deferred ingest (DrafterConfig::background_ingest): a step in which no row drafts copies each row's new tokens into
+// one step buffer and returns; the drafter's ingest thread appends them to the automata (extend_locked: the request's
+// own automaton, its sibling and batch groups and their gram sets) while the engine runs its forward pass. Every
+// method that reads or writes request state first completes that work (sync_locked: if the thread has not taken it
+// yet, the caller ingests it itself), so every draft, counter and statistic equals the synchronous path's: the
+// tokens are ingested in the same order, between the same other operations. The buffer holds at most one step's
+// new tokens (a step completes the previous step's deferred work before it reads its rows).
+//
+// Thread-safety: every public method takes the drafter's mutex (mu_), and so does the ingest thread for the whole of
+// one step's ingest: state has one lock. History snapshots are built on HistoryIndex's own threads and read without
+// blocking.
 #pragma once
 
 #include <array>
+#include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "automaton.h"
@@ -44,6 +59,7 @@ struct DrafterConfig {
   int cal_bins = 10;
   int builder_threads = 1;
   int draft_threads = 1;        // threads drafting the rows of one engine step (the calling thread included)
+  bool background_ingest = true;  // steps where no row drafts leave their tokens to the ingest thread
   void validate() const;
 };
 
@@ -59,6 +75,10 @@ struct RowOut {
 class Drafter {
  public:
   explicit Drafter(const DrafterConfig& cfg);
+  // Stops the ingest thread (deferred tokens not yet ingested are dropped with the drafter).
+  ~Drafter();
+  Drafter(const Drafter&) = delete;
+  Drafter& operator=(const Drafter&) = delete;
 
   void start(int32_t slot, const int32_t* prompt, int64_t n, uint64_t problem);
   void extend(int32_t slot, const int32_t* tokens, int64_t n);
@@ -66,19 +86,25 @@ class Drafter {
   bool active(int32_t slot) const;
   uint64_t problem_of(int32_t slot) const;
   // Drafts for n rows: slots[i] active requests, budgets[i] tokens (<= 0: none). Outputs are caller-owned:
-  // tokens / accept [n, max_spec_tokens] (row-major), lengths / match_len [n], source [n].
+  // tokens / accept [n, max_spec_tokens] (row-major), lengths / match_len [n], source [n]. A row that does not draft
+  // gets lengths 0, source -1, match_len 0, and its tokens / accept row is zeroed only when fill_idle (pass false
+  // for buffers that are zero already); a drafting row's is written whole (zero past its length).
   void propose(const int32_t* slots, const int32_t* budgets, int64_t n, int32_t* tokens, double* accept,
-               int32_t* lengths, int8_t* source, int32_t* match_len);
+               int32_t* lengths, int8_t* source, int32_t* match_len, bool fill_idle = true);
   void record_acceptance(int32_t slot, int64_t accepted, int64_t verified);
   // One engine step for n rows, reading each row's text from a token matrix (vLLM's token_ids_cpu): row i is
   // request slots[i], whose text is matrix[rows[i], :num_tokens[i]] with a prompt of num_prompt[i] tokens and
   // num_sampled[i] tokens gained this step. Reports the verification of the row's previous draft (accepted =
   // min(verified, num_sampled - 1), verified = its draft length, capped by num_verified[i] when >= 0), appends the
-  // new output tokens (restarting a request whose output shrank: preemption), then drafts with budgets[i].
+  // new output tokens (restarting a request whose output shrank: preemption), then drafts with budgets[i]
+  // (outputs as propose's). When no row has a budget > 0 and background_ingest is on, the new tokens are copied and
+  // left to the ingest thread (see the top of this file) and step returns without touching the automata.
   void step(const int32_t* matrix, int64_t rows_in_matrix, int64_t row_len, const int32_t* slots, const int32_t* rows,
             const int32_t* num_tokens, const int32_t* num_prompt, const int32_t* num_sampled,
             const int32_t* num_verified, const int32_t* budgets, int64_t n, int32_t* tokens, double* accept,
-            int32_t* lengths, int8_t* source, int32_t* match_len);
+            int32_t* lengths, int8_t* source, int32_t* match_len, bool fill_idle = true);
+  // Completes any deferred ingest now (benchmarks, tests; every method that needs it does it itself).
+  void flush();
   // Cuts each row's outstanding draft to lengths[i] tokens (what was really sent for verification).
   void trim(const int32_t* slots, const int32_t* lengths, int64_t n);
   void release_finished(const std::vector<uint64_t>& problems);
@@ -94,6 +120,14 @@ class Drafter {
     std::array<int64_t, kNumSources> wins{};
   };
   Counters counters() const;
+  // The deferred ingest: steps whose ingest was left to the thread, of them the ones a caller had to ingest itself
+  // (the thread had not started: on the critical path), the thread's ingest time (steady clock, seconds) in all
+  // and in its last step, tokens waiting now.
+  struct IngestStats {
+    int64_t deferred_steps = 0, caller_ingests = 0, queued_tokens = 0;
+    double background_seconds = 0.0, last_seconds = 0.0;
+  };
+  IngestStats ingest_stats() const;
   int64_t calibration_tokens() const;
   double calibration_ratio(int source, int bucket, int bin) const;
   int calibration_bins() const { return cfg_.cal_bins; }
@@ -121,6 +155,7 @@ class Drafter {
     int64_t text_len = 0, output_len = 0, prompt_len = 0;
     int32_t seq = -1;
     HistMatch hm[2];  // [0] problem snapshot, [1] global snapshot
+    int64_t queued = 0;  // output tokens in the deferred-ingest buffer (not yet in output_len)
     int pend_n = -1;  // unverified draft: length (-1: none), source, match length, prior estimates
     int pend_source = 0, pend_match = 0;
     double pend_prior[kMaxSpec];
@@ -130,6 +165,11 @@ class Drafter {
     RawDraft d;
     int64_t support;
   };
+  struct Deferred {  // one row of a deferred step: the request and its new tokens in defer_tokens_
+    int32_t slot;
+    int64_t begin, n;
+  };
+  using Lock = std::unique_lock<std::mutex>;
 
   Request& req(int32_t slot);
   const Request& req(int32_t slot) const;
@@ -144,7 +184,14 @@ class Drafter {
   void stop_locked(Request& r);
   void record_locked(Request& r, int64_t accepted, int64_t verified);
   void propose_rows(const int32_t* slots, const int32_t* budgets, int64_t n, int32_t* tokens, double* accept,
-                    int32_t* lengths, int8_t* source, int32_t* match_len);
+                    int32_t* lengths, int8_t* source, int32_t* match_len, bool fill_idle);
+  // Takes the mutex and completes the deferred ingest (the lock every request-state method starts with; const
+  // methods too: the ingest changes no value they report, it only makes it current).
+  Lock lock_synced() const;
+  // With mu_ held: ingests the deferred rows, if any, on this thread; rethrows an error of the ingest thread.
+  void sync_locked();
+  void ingest_deferred_locked();
+  void ingest_loop();
 
   DrafterConfig cfg_;
   SpecParams sp_;
@@ -159,6 +206,15 @@ class Drafter {
   std::unique_ptr<WorkerPool> workers_;
   std::vector<Counters> worker_ctr_;
   std::vector<uint64_t> keys_buf_;
+  std::vector<int32_t> draft_rows_;  // rows of the current call that draft
+  // Deferred ingest (guarded by mu_): one step's rows and tokens, the thread, its wake-up and accounting.
+  std::vector<Deferred> defer_rows_;
+  std::vector<int32_t> defer_tokens_;
+  std::condition_variable ingest_cv_;
+  bool ingest_stop_ = false;
+  std::exception_ptr ingest_error_;
+  IngestStats ingest_;
+  std::thread ingest_thread_;  // last member: started when every other member exists
 };
 
 }  // namespace das
