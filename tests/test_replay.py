@@ -6,7 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from das_trl.bench import replay
+from das_trl.bench import drafters, replay, report, sets, simulation
+from das_trl.bench.drafters.ngram import prompt_lookup
 from das_trl.drafter.rollout_log import RolloutRecord, append_records
 
 
@@ -35,8 +36,8 @@ def jsonl(tmp_path):
 
 
 def test_no_drafter_is_one_token_per_round(jsonl):
-    train, evals, _, _ = replay.split_epochs(replay.load_epochs(jsonl), None, None)
-    res = replay.simulate(replay.make_drafter("none"), train, evals)
+    train, evals, _, _ = sets.split_epochs(sets.load_epochs(jsonl), None, None)
+    res = simulation.simulate(drafters.make_drafter("none"), train, evals)
     assert res.tokens == sum(len(r.completion_ids) for r in evals)
     assert res.tokens_per_round == 1.0
     assert res.steps == max(len(r.completion_ids) for r in evals)
@@ -48,11 +49,11 @@ def test_no_drafter_is_one_token_per_round(jsonl):
 
 def test_das_with_history_equal_to_eval_beats_one(tmp_path):
     recs = _records(lambda e: 7)  # every epoch identical: history == eval completions
-    train, evals, _, _ = replay.split_epochs({0: recs[:len(recs) // 3], 1: recs[len(recs) // 3:2 * len(recs) // 3],
+    train, evals, _, _ = sets.split_epochs({0: recs[:len(recs) // 3], 1: recs[len(recs) // 3:2 * len(recs) // 3],
                                               2: recs[2 * len(recs) // 3:]}, None, None)
     assert [r.completion_ids for r in train[0]] == [r.completion_ids for r in evals]
     for name in ("das-problem", "das+siblings", "das+policy"):
-        res = replay.simulate(replay.make_drafter(name), train, evals)
+        res = simulation.simulate(drafters.make_drafter(name), train, evals)
         assert res.tokens == sum(len(r.completion_ids) for r in evals)
         assert res.tokens_per_round > 3.0, name
         assert res.accepted_tokens > 0 and res.steps < max(len(r.completion_ids) for r in evals)
@@ -61,7 +62,7 @@ def test_das_with_history_equal_to_eval_beats_one(tmp_path):
 def test_acceptance_stops_at_first_mismatch():
     rec = RolloutRecord.make(0, 1.0, [1, 2, 3], [10, 11, 12, 13, 14], "stop")
 
-    class Wrong(replay.Drafter):
+    class Wrong(drafters.Drafter):
         name = "wrong"
 
         def budgets(self, running):
@@ -70,7 +71,7 @@ def test_acceptance_stops_at_first_mismatch():
         def propose(self, rid, context, budget):
             return [99] * budget if len(context) == 3 else [int(context[-1]) + 1, 0, 0, 0]
 
-    res = replay.simulate(Wrong(), [], [rec])
+    res = simulation.simulate(Wrong(), [], [rec])
     # round 1: draft wrong -> emit 1; round 2: first draft token right (11), then wrong -> emit 2; round 3 same
     assert res.rounds == 3 and res.tokens == 5
     assert res.accepted_tokens == 2 and res.draft_tokens == 12
@@ -94,15 +95,15 @@ def test_baselines_run_and_table_prints(jsonl, tmp_path, capsys):
 def test_prompt_lookup_matches_vllm_semantics():
     toks = np.array([1, 2, 3, 4, 5, 9, 1, 2, 3, 4, 5, 7, 1, 2, 3, 4, 5])
     # longest suffix n-gram (n=5) first occurs at 0 -> propose what followed it there
-    assert replay.prompt_lookup(toks, 5, 5, 3) == [9, 1, 2]
-    assert replay.prompt_lookup(np.array([1, 2, 3]), 5, 5, 3) == []
+    assert prompt_lookup(toks, 5, 5, 3) == [9, 1, 2]
+    assert prompt_lookup(np.array([1, 2, 3]), 5, 5, 3) == []
 
 
 def test_plots(jsonl, tmp_path):
     pytest.importorskip("matplotlib")
-    train, evals, _, _ = replay.split_epochs(replay.load_epochs(jsonl), None, None)
-    res = [replay.simulate(replay.make_drafter(n), train, evals) for n in ("none", "das+policy")]
-    files = replay.write_plots(res, tmp_path / "plots", [len(r.completion_ids) for r in train[0]])
+    train, evals, _, _ = sets.split_epochs(sets.load_epochs(jsonl), None, None)
+    res = [simulation.simulate(drafters.make_drafter(n), train, evals) for n in ("none", "das+policy")]
+    files = report.write_plots(res, tmp_path / "plots", [len(r.completion_ids) for r in train[0]])
     assert len(files) == 3 and all((tmp_path / "plots" / f.split("/")[-1]).stat().st_size > 0 for f in files)
 
 
@@ -114,7 +115,7 @@ def test_epochs_grouped_by_appearance(tmp_path):
         prompt = [1, 2, 3 + step % 2]
         recs.append(RolloutRecord.make(step, 0.5 * (step + 1), prompt, [5, 6, step], "stop"))
     append_records(path, recs)
-    by_app = replay.load_epochs(path)
+    by_app = sets.load_epochs(path)
     assert sorted(by_app) == [0, 1] and [r.step for r in by_app[0]] == [0, 1] and [r.step for r in by_app[1]] == [2, 3]
-    by_floor = replay.load_epochs(path, "epoch")
+    by_floor = sets.load_epochs(path, "epoch")
     assert [r.step for r in by_floor[1]] == [1, 2]  # floor() would mix appearances

@@ -8,8 +8,11 @@ import shutil
 
 import pytest
 
+from das_trl.bench import sets as rollout_sets
 from das_trl.bench import suite
-from das_trl.bench.replay import load_epochs, make_drafter, simulate, split_epochs
+from das_trl.bench.drafters import make_drafter
+from das_trl.bench.sets import load_epochs, split_epochs
+from das_trl.bench.simulation import simulate
 from das_trl.drafter.rollout_log import append_records, read_records
 from test_replay import _records
 
@@ -28,12 +31,12 @@ def sets(tmp_path):
 def test_gzip_sets_read_like_plain_ones(sets):
     assert [r.completion_ids for r in read_records(sets / "packed.jsonl.gz")] == \
         [r.completion_ids for r in read_records(sets / "synthetic.jsonl")]
-    assert [p.name for p in suite.find_sets([sets])] == ["packed.jsonl.gz", "synthetic.jsonl"]
+    assert [p.name for p in rollout_sets.find_sets([sets])] == ["packed.jsonl.gz", "synthetic.jsonl"]
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        suite.find_sets([sets.parent / "missing"])
+        rollout_sets.find_sets([sets.parent / "missing"])
     (sets.parent / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="no \\*.jsonl"):
-        suite.find_sets([sets.parent / "empty"])
+        rollout_sets.find_sets([sets.parent / "empty"])
 
 
 def test_suite_table_json_and_plots(sets, tmp_path, capsys):

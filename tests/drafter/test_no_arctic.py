@@ -42,6 +42,7 @@ out["draft"] = drafter.propose("r", None, 4)
 out["reference_loaded"] = sorted(m for m in sys.modules if m.startswith("das_trl.drafter.reference"))
 
 from das_trl.bench import replay  # noqa: E402
+from das_trl.bench.drafters import make_drafter  # noqa: E402
 
 with redirect_stdout(io.StringIO()) as table:
     out["replay_rc"] = replay.main(["--rollouts", "benchmarks/sets/grpo_smollm2_products.jsonl.gz",
@@ -58,7 +59,7 @@ def error_of(make):
 
 
 out["python_backend"] = error_of(lambda: create_drafter(DrafterConfig(backend="python")))
-out["suffix_baseline"] = error_of(lambda: replay.make_drafter("suffix"))
+out["suffix_baseline"] = error_of(lambda: make_drafter("suffix"))
 out["arctic_loaded"] = sorted(m for m in sys.modules if m.startswith("arctic_inference"))
 print(json.dumps(out))
 '''

@@ -31,10 +31,10 @@ def suffix_tree() -> type:
         ImportError: arctic-inference is missing or its extension does not load; the message names the extra.
     """
     try:
-        from arctic_inference.suffix_decoding._C import SuffixTree
+        from arctic_inference.suffix_decoding import _C
     except ImportError as exc:
         raise _missing("the reference drafter (backend='python')", exc) from exc
-    return SuffixTree
+    return _C.SuffixTree
 
 
 def suffix_decoding_cache() -> type:

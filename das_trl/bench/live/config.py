@@ -1,0 +1,35 @@
+"""What one live A/B run does: the drafters it compares and its settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+#: The drafters the live A/B can run, each as vLLM runs it (:func:`~das_trl.bench.live.engine.speculative_kwargs`).
+DRAFTERS = ("none", "ngram", "suffix", "das")
+
+
+@dataclass
+class LiveConfig:
+    """What one ``das-trl bench live`` run does (see :func:`parse_args` for the meaning of each field)."""
+
+    model: str | None = None
+    drafters: tuple[str, ...] = DRAFTERS
+    task: str = "gsm_symbolic"
+    prompts: int = 8
+    samples: int = 4
+    max_tokens: int = 64
+    temperature: float = 0.8
+    greedy: bool = False
+    history: str | None = None
+    warm_epochs: int = 1
+    num_speculative_tokens: int = 16
+    das_config: dict[str, Any] | None = None
+    seed: int = 0
+    dtype: str = "float32"
+    max_model_len: int = 1024
+    kv_cache_bytes: int = 1 << 30
+    gpu_memory_utilization: float = 0.85
+    max_num_seqs: int = 256
+    enforce_eager: bool | None = None
+    time_limit_s: float | None = None

@@ -1,0 +1,97 @@
+"""The data sets a replay reads: rollout files found on disk, grouped into epochs (a problem's k-th appearance), and
+split into history epochs and the epoch to replay.
+
+Files are JSONL (or ``.jsonl.gz``) in the format of :mod:`das_trl.drafter.rollout_log` (the trainer's
+``das_record_rollouts``, :mod:`das_trl.bench.record`): the product's own recordings in ``benchmarks/sets/``, the
+third-party sets in ``../shared/realdata/``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Sequence
+
+from das_trl.drafter.rollout_log import RolloutRecord, read_records
+
+
+def find_sets(paths: Sequence[str | Path]) -> list[Path]:
+    """Every ``*.jsonl`` / ``*.jsonl.gz`` file under the given folders (files are taken as they are), sorted.
+
+    Raises:
+        FileNotFoundError: a path does not exist, or no rollout file was found at all.
+    """
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if not p.exists():
+            raise FileNotFoundError(f"--sets: {p} does not exist")
+        if p.is_file():
+            out.append(p)
+        else:
+            out += sorted(f for f in p.rglob("*") if f.is_file() and (f.name.endswith(".jsonl")
+                                                                      or f.name.endswith(".jsonl.gz")))
+    if not out:
+        raise FileNotFoundError(f"--sets: no *.jsonl or *.jsonl.gz file under {', '.join(map(str, paths))}")
+    return out
+
+
+def set_name(path: Path) -> str:
+    """Short name of a set: its file name without ``.jsonl`` / ``.jsonl.gz``."""
+    name = path.name
+    for ext in (".jsonl.gz", ".jsonl"):
+        if name.endswith(ext):
+            return name[: -len(ext)]
+    return name
+
+
+def load_epochs(path: str | Path, group_by: str = "appearance") -> dict[int, list[RolloutRecord]]:
+    """Records grouped into epochs.
+
+    ``group_by="appearance"`` (default): a record's epoch is the rank of its ``step`` among the steps in which its
+    problem appears (a problem's k-th appearance is its epoch k), independent of how the trainer's fractional
+    ``epoch`` is sampled (TRL reports it at the end of a step, e.g. 0.5 for the first of two steps per epoch).
+    ``group_by="epoch"``: ``floor(epoch)`` (a tiny epsilon absorbs float noise).
+    """
+    records = list(read_records(path))
+    out: dict[int, list[RolloutRecord]] = defaultdict(list)
+    if group_by == "epoch":
+        for r in records:
+            out[int(math.floor(r.epoch + 1e-6))].append(r)
+    elif group_by == "appearance":
+        steps: dict[int, set[int]] = defaultdict(set)
+        for r in records:
+            steps[r.problem_key].add(r.step)
+        rank = {key: {st: i for i, st in enumerate(sorted(v))} for key, v in steps.items()}
+        for r in records:
+            out[rank[r.problem_key][r.step]].append(r)
+    else:
+        raise ValueError(f"group_by must be 'appearance' or 'epoch', got {group_by!r}")
+    return dict(sorted(out.items()))
+
+
+def split_epochs(epochs: dict[int, list[RolloutRecord]], train: Sequence[int] | None, eval_epoch: int | None):
+    """The history epochs and the epoch to replay.
+
+    Args:
+        epochs: :func:`load_epochs` output.
+        train: history epoch indices (``None``: every epoch before the replayed one).
+        eval_epoch: the epoch to replay (``None``: the last).
+
+    Returns:
+        ``(history epochs' records, oldest first; the replayed epoch's records; history indices; replayed index)``.
+
+    Raises:
+        ValueError: fewer than 2 epochs without ``train``, or an index that is not in ``epochs``.
+    """
+    keys = sorted(epochs)
+    if len(keys) < 2 and train is None:
+        raise ValueError(f"need at least 2 epochs to replay, found {keys}")
+    ev = keys[-1] if eval_epoch is None else eval_epoch
+    if ev not in epochs:
+        raise ValueError(f"eval epoch {ev} not in the rollouts (epochs: {keys})")
+    tr = [k for k in keys if k < ev] if train is None else list(train)
+    for k in tr:
+        if k not in epochs:
+            raise ValueError(f"train epoch {k} not in the rollouts (epochs: {keys})")
+    return [epochs[k] for k in tr], epochs[ev], tr, ev
