@@ -76,3 +76,34 @@ def test_server_report_names_live_pool_and_engine_dtype(monkeypatch):
     assert check.status == doctor.OK
     assert "live pool 1,200 running + 5,000 finished tokens (budget 2,000,000)" in check.detail
     assert "engine dtype float32" in check.detail
+
+
+def _hide_native_core(monkeypatch):
+    """Make ``das_trl.drafter.native.load()`` fail as it does where the package was installed without its core."""
+    import sys
+
+    from das_trl.drafter import native
+
+    monkeypatch.setattr(native, "_module", None)
+    monkeypatch.delattr(native, "_das_native", raising=False)
+    monkeypatch.setitem(sys.modules, "das_trl.drafter.native._das_native", None)  # import raises ImportError
+    return native
+
+
+def test_missing_native_core_fails_with_reason_and_fix(monkeypatch):
+    native = _hide_native_core(monkeypatch)
+    check = doctor.check_native_core()
+    assert check.status == doctor.FAIL
+    assert "_das_native" in check.detail and "pure-Python reference" in check.detail  # the reason
+    assert check.fix == native.BUILD_HINT and "pip install" in check.fix and "C++17" in check.fix  # the fix
+    monkeypatch.setattr(doctor, "run_checks", lambda server_url=None: [check])
+    assert doctor.main([]) == 1
+
+
+def test_arctic_inference_is_optional(monkeypatch):
+    monkeypatch.setattr(doctor, "_version", lambda dist: None)
+    check = doctor.check_arctic()
+    assert check.status == doctor.OK and "optional" in check.detail and "[reference]" in check.detail
+    monkeypatch.setattr(doctor, "_version", lambda dist: "0.2.0")
+    old = doctor.check_arctic()
+    assert old.status == doctor.WARN and "das-trl[reference]" in old.fix

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 import re
 from pathlib import Path
 
@@ -117,3 +118,94 @@ def test_stock_script_server_mode(monkeypatch, tmp_path, model_path, stock_data_
         assert logs[0]["das/draft_tokens"] == stats["draft_tokens"]
     finally:
         stop(process)
+
+
+# ------------------------------------------------------------------------------------------ TRL's own GRPO script
+TRL_CLASS_SWAP = {"GRPOTrainer": "DASGRPOTrainer", "GRPOConfig": "DASGRPOConfig"}
+
+
+def trl_script_das_variant(source: str) -> str:
+    """TRL's ``trl/scripts/grpo.py`` with only ``GRPOTrainer`` / ``GRPOConfig`` swapped for das-trl's classes: the two
+    names leave their ``from trl import ...`` lines, a ``from das_trl.trainer import ...`` line (same indentation)
+    follows each, and their uses are renamed.
+
+    Raises:
+        AssertionError: a class is not imported from trl, or the diff touches anything else.
+    """
+    out: list[str] = []
+    for line in source.splitlines():
+        match = re.match(r"^(\s*)from trl import (.+)$", line)
+        names = [n.strip() for n in match.group(2).split(",")] if match else []
+        swapped = [n for n in names if n in TRL_CLASS_SWAP]
+        if swapped:
+            rest = [n for n in names if n not in TRL_CLASS_SWAP]
+            if rest:
+                out.append(f"{match.group(1)}from trl import {', '.join(rest)}")
+            out.append(f"{match.group(1)}from das_trl.trainer import {', '.join(TRL_CLASS_SWAP[n] for n in swapped)}")
+            continue
+        for old, new in TRL_CLASS_SWAP.items():
+            line = re.sub(rf"\b{old}\b", new, line)
+        out.append(line)
+    variant = "\n".join(out) + "\n"
+    for old, new in TRL_CLASS_SWAP.items():
+        assert re.search(rf"^\s*from das_trl.trainer import .*\b{new}\b", variant, re.M), f"{old} not imported"
+        assert not re.search(rf"\b{old}\b", variant.replace(new, "")), f"{old} left in the script"
+    for line in difflib.unified_diff(source.splitlines(), out, lineterm="", n=0):
+        if line.startswith(("+++", "---", "@@")):
+            continue
+        body = line[1:]
+        # Every changed line is one of the trl import lines, or a use of a class with only its name changed.
+        assert (re.match(r"\s*from (trl|das_trl\.trainer) import ", body)
+                or any(new in body for new in TRL_CLASS_SWAP.values())
+                or any(re.search(rf"\b{old}\b", body) for old in TRL_CLASS_SWAP)), line
+    return variant
+
+
+def test_trl_script_variant_swaps_only_the_two_classes():
+    import trl.scripts.grpo as trl_grpo
+
+    source = Path(trl_grpo.__file__).read_text()
+    variant = trl_script_das_variant(source)
+    assert "trainer = DASGRPOTrainer(" in variant and "(GRPOScriptArguments, DASGRPOConfig, ModelConfig" in variant
+    assert "from trl import DASGRPO" not in variant
+    assert variant.count("\n") - source.count("\n") == 2  # one import line more per swapped class
+    with pytest.raises(AssertionError):
+        trl_script_das_variant(source.replace("GRPOTrainer", "RLTrainer"))
+
+
+def test_trl_grpo_script_trains_through_das_and_exits_cleanly(tmp_path, model_path):
+    """TRL's own GRPO script (read from the installed trl, classes swapped on the fly) trains 3 steps through the
+    colocated DAS engine, drafts are accepted, and the process exits 0 without a traceback: the engine is shut down
+    before the script's ``trainer.end()`` destroys the process group (transformers >= 5.18)."""
+    import subprocess
+    import sys
+
+    import trl.scripts.grpo as trl_grpo
+    from das_trl.defaults.data import load_reasoning_gym_dataset
+
+    data = tmp_path / "data"
+    data.mkdir()
+    # Two 1-digit products, so steps 2-3 revisit a problem and draft from its history too.
+    load_reasoning_gym_dataset("products", size=2, seed=0, task_config={"min_digits": 1, "max_digits": 1}) \
+        .select_columns(["prompt", "entry", "task"]).to_json(str(data / "train.jsonl"))
+    script = tmp_path / "trl_grpo_das.py"
+    script.write_text(trl_script_das_variant(Path(trl_grpo.__file__).read_text()))
+    env = dict(os.environ, DAS_TRL_VLLM_KWARGS=json.dumps(
+        {"kv_cache_memory_bytes": 512 * 1024**2, "enforce_eager": True, "dtype": "float32"}),
+        OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    out = tmp_path / "out"
+    command = [sys.executable, str(script), "--model_name_or_path", model_path, "--dataset_name", str(data),
+               "--reward_funcs", "das_trl.defaults.rewards.correctness_reward", "das_trl.defaults.rewards.format_reward",
+               "--output_dir", str(out), "--use_vllm", "--vllm_mode", "colocate", "--vllm_max_model_length", "768",
+               "--max_steps", "3", "--per_device_train_batch_size", "4", "--num_generations", "4",
+               "--max_completion_length", "32", "--logging_steps", "1", "--save_strategy", "no",
+               "--report_to", "none", "--bf16", "false", "--das_record_rollouts", str(tmp_path / "rollouts.jsonl")]
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)
+    logs = result.stdout + result.stderr
+    assert result.returncode == 0, logs[-6000:]
+    assert "Traceback" not in result.stderr, result.stderr[-6000:]
+    assert "Training completed." in result.stdout, logs[-3000:]
+    accepted = [float(v) for v in re.findall(r"'das/accepted_tokens': '?([0-9.]+)", logs)]
+    assert len(accepted) == 3 and sum(accepted) > 0, logs[-6000:]  # 3 logged steps, drafts accepted
+    assert re.findall(r"'das/native_core': '?1", logs), logs[-3000:]  # drafted by the native core
+    assert (out / "model.safetensors").exists()

@@ -184,6 +184,27 @@ class DASVLLMGeneration(VLLMGeneration):
             HTTPDASEngine(self.vllm_client.base_url).reload_weights(named)
 
     # ----------------------------------------------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Shut the colocated engine down now, while the process group it was built on still exists; idempotent.
+
+        vLLM tears an in-process engine down from a finalizer (at interpreter exit at the latest), and that teardown
+        destroys vLLM's process groups. When a script has already destroyed the default process group
+        (``trainer.end()`` in transformers >= 5.18, as TRL's own ``trl/scripts/grpo.py`` calls it), the finalizer
+        fails with ``ValueError: Invalid process group specified``. :meth:`DASGRPOTrainer.end` calls this first, so
+        the engine goes down in order: vLLM's teardown (which also destroys the default group it shares), then
+        accelerate's (which finds nothing left to destroy). Server mode: the server is not ours; nothing is done.
+        """
+        llm = getattr(self, "llm", None)
+        if self.mode != "colocate" or llm is None:
+            return
+        self.engine = None
+        self.llm = None
+        client = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        if client is not None and hasattr(client, "shutdown"):
+            client.shutdown()  # runs vLLM's own teardown now and detaches its exit-time finalizer
+        logger.info("colocated vLLM engine shut down")
+
+    # ----------------------------------------------------------------------------------------------------------------
     def push_history(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> dict[str, Any] | None:
         """Add rollouts to this process's engine's history; returns the engine's reply (``None`` if no engine here).
 

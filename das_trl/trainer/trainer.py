@@ -32,7 +32,7 @@ from accelerate.utils import gather_object
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 from trl import GRPOTrainer
 
-from das_trl.drafter import problem_key
+from das_trl.drafter import native, problem_key
 from das_trl.drafter.rollout_log import RolloutRecord, append_records
 from das_trl.trainer.callback import DASHistoryCallback, DASHistoryMirror
 from das_trl.trainer.config import das_settings, validate_das_settings
@@ -71,6 +71,9 @@ class DASGRPOTrainer(GRPOTrainer):
         self._das_last_counters: dict[str, float] = {}
         self._das_rollout_seconds = 0.0
         self._das_weight_sync_seconds = 0.0
+        # Whether the engine drafts with the native core (das/native_core): known here for the in-process engine
+        # (colocate); a server reports its own (`das-trl serve` warns at its start).
+        self._das_native_core: bool | None = None
         if use_vllm:
             # Let GRPOTrainer set everything up except its vLLM backend, then build ours with the same arguments.
             grpo_args.use_vllm = False
@@ -85,6 +88,9 @@ class DASGRPOTrainer(GRPOTrainer):
         self.use_vllm = True
         if self.das["enabled"]:
             self._das_check_sampling(grpo_args)
+            if grpo_args.vllm_mode == "colocate":
+                # A silent slow path is a bug: warn (not only log) when the drafter would fall back to Python.
+                self._das_native_core = native.warn_if_unavailable("DASGRPOTrainer")
         self.vllm_generation = self._build_vllm_generation(grpo_args)
         self._last_loaded_step = -1
         if self.das["enabled"]:
@@ -197,6 +203,8 @@ class DASGRPOTrainer(GRPOTrainer):
         problem_keys = keys if explicit else None  # None: the engines hash the prompts (same keys, smaller payload)
         metrics: dict[str, float] = {"das/rollout_seconds": self._das_rollout_seconds,
                                      "das/weight_sync_seconds": self._das_weight_sync_seconds}
+        if self._das_native_core is not None:
+            metrics["das/native_core"] = float(self._das_native_core)
         self._das_rollout_seconds = self._das_weight_sync_seconds = 0.0
         if prompts and self._das_mirror is not None:
             self._das_mirror.record(prompts, completions, problem_keys)
@@ -216,6 +224,8 @@ class DASGRPOTrainer(GRPOTrainer):
                 metrics["das/history_repairs"] = float(self._das_verify_engine(engine))
                 metrics["das/history_update_seconds"] = time.perf_counter() - started
                 stats = engine.stats() if metrics["das/history_repairs"] else reply["stats"]
+                if "drafter_backend" in stats:  # the engine's own word (a server's drafter)
+                    metrics["das/native_core"] = float(stats["drafter_backend"] == "native")
                 metrics.update(self._das_step_metrics(stats_before))
                 metrics.update({
                     "das/history_problems": stats.get("history_problems", 0),
@@ -294,6 +304,18 @@ class DASGRPOTrainer(GRPOTrainer):
             if path:
                 self.das_restore_history(path)
         return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def end(self) -> None:
+        """``Trainer.end`` (transformers >= 5.18: finish the trackers, destroy the process group), with the colocated
+        vLLM engine shut down first, in order (:meth:`DASVLLMGeneration.shutdown`), so that vLLM's exit-time teardown
+        does not meet an already destroyed process group."""
+        if self.use_vllm and isinstance(getattr(self, "vllm_generation", None), DASVLLMGeneration):
+            self.vllm_generation.shutdown()
+        parent_end = getattr(super(), "end", None)
+        if parent_end is not None:
+            parent_end()
+        else:  # transformers < 5.18 has no Trainer.end
+            self.accelerator.end_training()
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         """``Trainer._save_checkpoint`` plus the drafter history (``das_history.npz``) in the checkpoint folder."""

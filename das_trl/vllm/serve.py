@@ -159,6 +159,17 @@ def main(argv: list[str] | None = None) -> int:
 
         args.model = prepare_default_model()
     warn_if_exposed(args.host)
+    try:
+        drafter_config = json.loads(args.drafter_config) if args.drafter_config else None
+    except json.JSONDecodeError as exc:
+        logger.error("--drafter-config is not valid JSON (%s): %r", exc, args.drafter_config)
+        return 2
+    from das_trl.drafter import native
+
+    # The engine is started with this interpreter: a core that does not load here does not load there either, and
+    # backend="auto" would fall back to the pure-Python reference drafter (a warning on stderr, not only a log line).
+    backend = drafter_config.get("backend", "auto") if isinstance(drafter_config, dict) else "auto"
+    native.warn_if_unavailable("das-trl serve", str(backend))
     args.dtype, why = serve_engine_dtype(args.dtype, args.model)
     logger.info("engine dtype %s: %s", args.dtype, why)
     cpu = is_cpu_build()
@@ -181,8 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, forward)
     try:
         wait_for_server(base_url, process, args.startup_timeout)
-        config = json.loads(args.drafter_config) if args.drafter_config else None
-        stats = HTTPDASEngine(base_url).attach(config)
+        stats = HTTPDASEngine(base_url).attach(drafter_config)
         logger.info("DAS drafter attached (K=%s); serving at %s", stats.get("num_speculative_tokens"), base_url)
     except Exception as exc:  # noqa: BLE001 - any failure here must stop the server we started
         logger.error("startup failed: %s", exc)
