@@ -60,6 +60,10 @@ def error_of(make):
 
 out["python_backend"] = error_of(lambda: create_drafter(DrafterConfig(backend="python")))
 out["suffix_baseline"] = error_of(lambda: make_drafter("suffix"))
+from das_trl.drafter import native  # noqa: E402
+
+native.available = lambda: False  # "auto" on a machine without the core: it falls back to the reference
+out["auto_without_core"] = error_of(lambda: create_drafter(DrafterConfig(backend="auto")))
 out["arctic_loaded"] = sorted(m for m in sys.modules if m.startswith("arctic_inference"))
 print(json.dumps(out))
 '''
@@ -75,7 +79,8 @@ def test_default_path_runs_without_arctic():
     assert out["replay_rc"] == 0
     assert "das+controller" in out["replay_table"]
     assert out["arctic_loaded"] == []
-    for what in ("python_backend", "suffix_baseline"):
+    assert "the native core is not built" in (out["auto_without_core"] or ""), out["auto_without_core"]
+    for what in ("python_backend", "suffix_baseline", "auto_without_core"):
         message = out[what]
         assert message is not None, f"{what}: no ImportError without arctic-inference"
         assert 'pip install "das-trl[reference]"' in message, message
