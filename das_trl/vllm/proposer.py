@@ -56,6 +56,9 @@ class DASProposer:
         self._clock = time.perf_counter      # seconds; replaceable in tests
         self._runner: Any = None
         self._last_req_ids: list[str] = []  # the batch's request ids at the last step (finish detection)
+        # A history push builds its automata in the background; the first step after it waits for them, so which
+        # history a draft sees never depends on timing (same seed, same drafts, same sampled rollouts).
+        self._history_pending = False
         # First prompts of conversations -> problem keys, so later turns draft from their problem (multi-turn).
         self.conversations = ConversationKeys()
         self._conversation_lock = threading.Lock()
@@ -146,8 +149,9 @@ class DASProposer:
         Args:
             prompts / completions: token ids per rollout (``list[list[int]]`` or int32 arrays), paired by index.
             problem_keys: explicit problem key per rollout (default: hash of the prompt ids).
-            background: build the suffix trees on the drafter's updater thread (see ``DASDrafter.add_rollouts``):
-                the engine keeps generating meanwhile.
+            background: build the automata on the drafter's builder threads and return at once; the next engine
+                step waits for them (in a GRPO loop the push happens between generations, while weights sync), so
+                the history a draft sees does not depend on timing and runs with the same seed draft the same.
 
         Returns:
             ``DASDrafter.add_rollouts``'s summary.
@@ -156,6 +160,7 @@ class DASProposer:
             ValueError: invalid ids or keys (nothing is changed).
         """
         added = self.drafter.add_rollouts(prompts, completions, problem_keys, background=background)
+        self._history_pending = background
         lengths: dict[int, list[int]] = {}
         for i, (prompt, comp) in enumerate(zip(prompts, completions)):
             key = int(problem_keys[i]) if problem_keys is not None else problem_key(prompt)
@@ -198,6 +203,10 @@ class DASProposer:
             self._counters["unattached_rounds"] += 1
             return [[] for _ in range(n)]
         started = self._clock()
+        if self._history_pending:
+            # Usually already built (the push ran during the weight sync); on the critical path only if not.
+            self.drafter.wait_for_updates()
+            self._history_pending = False
         spec = self.speculator
         batch = self._runner.input_batch
         req_ids = batch.req_ids[:n]
