@@ -95,6 +95,13 @@ class DrafterConfig:
             calling thread included; 1-64; default: half the CPU cores, at most 8: 1 on a 2-core machine, where
             a second thread only competes with the engine's). vLLM runs the drafter synchronously, so a GPU
             engine's CPU threads are idle meanwhile; drafts are the same for any value.
+        background_ingest: in an engine step where no row drafts (every budget <= 0), copy the rows' new tokens
+            and append them to the request, sibling and batch automata on a native thread while the engine runs its
+            forward pass, instead of before ``step`` returns (``native`` backend; the reference ignores it). Any
+            call that needs the automata (a drafting step, ``propose_batch``, ``start_request``,
+            ``extend_request``, ``stop_request``, ``trim``, ``record_acceptance``, ``stats``, ``check``,
+            ``add_rollouts``) completes that work first, so drafts, counters and stats are the same either way;
+            the copy holds at most one step's new tokens. False: every step ingests before it returns.
 
     Calibration from verification outcomes (``reference/calibration.py``):
         calibrate_acceptance: scale each a_i by the observed/predicted acceptance ratio of its
@@ -136,6 +143,7 @@ class DrafterConfig:
     backend: str = "auto"
     builder_threads: int = field(default_factory=lambda: max(1, min(4, (os.cpu_count() or 2) - 1)))
     draft_threads: int = field(default_factory=lambda: max(1, min(8, (os.cpu_count() or 1) // 2)))
+    background_ingest: bool = True
 
     def __post_init__(self) -> None:
         def need(ok: bool, msg: str) -> None:
@@ -178,6 +186,8 @@ class DrafterConfig:
             value = getattr(self, name)
             need(isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 64,
                  f"{name} must be an int in [1, 64], got {value!r}")
+        need(isinstance(self.background_ingest, bool),
+             f"background_ingest must be a bool, got {self.background_ingest!r}")
         need(isinstance(self.support_table_bits, int) and 10 <= self.support_table_bits <= 30,
              f"support_table_bits must be an int in [10, 30], got {self.support_table_bits!r}")
 

@@ -12,6 +12,10 @@ equivalence tests compare it with draft for draft) and imports nothing from it; 
 * **History builds off the interpreter.** A push updates the window bookkeeping (``RolloutHistory``, Python, cheap),
   then hands copies of the changed problems' sequences to native builder threads; requests keep drafting from the
   previous snapshots until the new ones are swapped in.
+* **Steps that draft nothing are nearly free.** A row with budget <= 0 gets "no draft" and no drafting work; in a step
+  where no row drafts, the new tokens are copied and appended to the automata by a native thread while the engine
+  runs its forward pass (``DrafterConfig.background_ingest``; every call that needs the automata completes that work
+  first, so drafts do not change). :meth:`step_slots` takes slots (:meth:`slot_of`) instead of request ids.
 
 Documented differences to the reference: ties between equally frequent continuations go to the smallest token id
 (arctic takes whichever its hash map yields first; the reference matches with ``tree_factory=ReferenceSuffixTree``);
@@ -36,6 +40,24 @@ from .sources import MATCH_BUCKETS, SOURCE_ORDER
 from .tokens import as_tokens, group_rollouts
 
 _GLOBAL_KEY = 2**64 - 1  # HistoryIndex::kGlobalKey
+_I32_MAX = 2**31 - 1
+
+
+def _i32(a: np.ndarray | Sequence[int], name: str, n: int | None = None) -> np.ndarray:
+    """``a`` as a C-contiguous ``int32 [n]`` array (no copy when it is one already).
+
+    Raises:
+        ValueError: ``a`` does not have ``n`` entries (when ``n`` is given) or holds values outside int32.
+    """
+    arr = np.asarray(a).reshape(-1)
+    if arr.dtype != np.int32:
+        if arr.size and (arr.min() < -_I32_MAX - 1 or arr.max() > _I32_MAX):
+            raise ValueError(f"step: {name} must fit in int32, got values in [{arr.min()}, {arr.max()}]")
+        arr = arr.astype(np.int32)
+    arr = np.ascontiguousarray(arr)
+    if n is not None and len(arr) != n:
+        raise ValueError(f"step: {name} must have one entry per row ({n}), got {len(arr)}")
+    return arr
 
 
 class NativeDASDrafter:
@@ -73,6 +95,7 @@ class NativeDASDrafter:
             "calibration_step_decay": float(c.calibration_step_decay),
             "builder_threads": int(getattr(c, "builder_threads", 1)),
             "draft_threads": int(getattr(c, "draft_threads", 1)),
+            "background_ingest": bool(getattr(c, "background_ingest", True)),
         })
         self._lock = threading.RLock()
         self._clear_python()
@@ -152,6 +175,12 @@ class NativeDASDrafter:
             return
         self._core.submit_history(_GLOBAL_KEY, *self._pack(seqs, [1] * len(seqs)))
 
+    def wait_for_ingest(self) -> None:
+        """Append the tokens of a step that deferred its ingest (``background_ingest``) now, waiting for the ingest
+        thread if it is at work. Only benchmarks and tests need this: every method that reads the automata does it
+        itself."""
+        self._core.flush()
+
     def wait_for_updates(self, timeout: float | None = None) -> bool:
         """Block until every queued history build is applied (``timeout`` seconds at most; ``None``: no limit).
         Returns True when nothing is pending."""
@@ -180,6 +209,16 @@ class NativeDASDrafter:
         if slot is None:
             raise KeyError(f"request {request_id!r} is not active (call start_request first)")
         return slot
+
+    def slot_of(self, request_id: str) -> int:
+        """The native slot of an active request, for :meth:`step_slots`. It stays the request's until
+        :meth:`stop_request` (or :meth:`reset`); then it may be given to the next request started.
+
+        Raises:
+            KeyError: the request is not active.
+        """
+        with self._lock:
+            return self._slot(request_id)
 
     def extend_request(self, request_id: str, new_token_ids: Sequence[int] | np.ndarray) -> None:
         """Append tokens to a request's output. Raises ``KeyError`` (unknown) or ``ValueError`` (bad ids)."""
@@ -239,32 +278,83 @@ class NativeDASDrafter:
         out = DraftBatch.empty(n, self.config.max_spec_tokens)
         with self._lock:
             slots = np.fromiter((self._slot(r) for r in request_ids), dtype=np.int32, count=n)
-        self._core.propose(slots, np.clip(budgets, -1, 2**31 - 1).astype(np.int32), out.tokens, out.accept,
-                           out.lengths, out.source, out.match_len)
+        self._core.propose(slots, np.clip(budgets, -1, _I32_MAX).astype(np.int32), out.tokens, out.accept,
+                           out.lengths, out.source, out.match_len, False)  # zeroed: rows without a draft not written
         return out
 
     def step(self, request_ids: Sequence[str], token_matrix: np.ndarray, rows: np.ndarray, num_tokens: np.ndarray,
              num_prompt: np.ndarray, num_sampled: np.ndarray, num_verified: np.ndarray,
-             max_tokens: np.ndarray) -> DraftBatch:
-        """One engine step in one native call (see :meth:`DASDrafter.step`): verification reports, new tokens read
-        in place from ``token_matrix`` (``int32 [R, L]``, C-contiguous; other layouts are copied), drafts.
+             max_tokens: np.ndarray, out: DraftBatch | None = None) -> DraftBatch:
+        """One engine step in one native call (see :meth:`DASDrafter.step`), with request ids: maps them to slots
+        (:meth:`slot_of`, about 0.1-0.2 us per row) and calls :meth:`step_slots`, whose arguments and costs it has.
 
         Raises:
-            KeyError: an unknown request. ValueError: shapes or lengths out of range (nothing changed).
+            KeyError: an unknown request (nothing changed). ValueError: as :meth:`step_slots`.
         """
         n = len(request_ids)
-        out = DraftBatch.empty(n, self.config.max_spec_tokens)
-        i32 = (lambda a: np.ascontiguousarray(np.asarray(a).reshape(-1), dtype=np.int32))
-        cols = [i32(a) for a in (rows, num_tokens, num_prompt, num_sampled, num_verified,
-                                 np.clip(np.asarray(max_tokens, dtype=np.int64), -1, 2**31 - 1))]
-        if any(len(a) != n for a in cols):
-            raise ValueError(f"step: {n} request_ids, every array needs n entries")
-        matrix = np.ascontiguousarray(token_matrix, dtype=np.int32)
-        if matrix.ndim != 2:
-            raise ValueError(f"step: token_matrix must be 2-D, got shape {matrix.shape}")
         with self._lock:
             slots = np.fromiter((self._slot(r) for r in request_ids), dtype=np.int32, count=n)
-        self._core.step(matrix, slots, *cols, out.tokens, out.accept, out.lengths, out.source, out.match_len)
+        return self.step_slots(slots, token_matrix, rows, num_tokens, num_prompt, num_sampled, num_verified,
+                               max_tokens, out)
+
+    def step_slots(self, slots: np.ndarray, token_matrix: np.ndarray, rows: np.ndarray, num_tokens: np.ndarray,
+                   num_prompt: np.ndarray, num_sampled: np.ndarray, num_verified: np.ndarray,
+                   max_tokens: np.ndarray, out: DraftBatch | None = None) -> DraftBatch:
+        """One engine step for ``n`` rows given by slot (:meth:`slot_of`), in one native call that releases the GIL:
+        each row's verification report, its new tokens read in place from ``token_matrix``, then drafts.
+
+        Row ``i`` is the request in ``slots[i]``; its text is ``token_matrix[rows[i], :num_tokens[i]]``, of which
+        the first ``num_prompt[i]`` tokens are the prompt, and it gained ``num_sampled[i]`` tokens this step. The
+        verification of its previous draft is recorded as ``accepted = min(verified, num_sampled[i] - 1)`` with
+        ``verified`` its draft length, capped by ``num_verified[i]`` when ``>= 0``. A row whose output is shorter
+        than the drafter has seen (preemption) or whose prompt length changed starts over from its prompt.
+
+        Cost: a row with ``max_tokens[i] <= 0`` gets "no draft" (length 0, source -1, match length 0) and no drafting
+        work. When no row drafts and ``config.background_ingest`` is on, the new tokens are copied (at most one
+        step's tokens are held) and appended to the automata by the ingest thread while the engine runs its forward
+        pass: the call costs the validation, the reports and that copy. Otherwise every new token is appended
+        before the drafts are made (a previous step's deferred tokens first), so drafts never depend on the setting.
+
+        Args:
+            slots: ``int32 [n]`` active slots.
+            token_matrix: ``int32 [R, L]`` (vLLM's ``token_ids_cpu``), C-contiguous; other layouts and dtypes are
+                copied. Read during the call only.
+            rows, num_tokens, num_prompt, num_sampled, num_verified: ``int [n]`` (``int32`` arrays are used without
+                a copy; other integer arrays are converted).
+            max_tokens: ``int [n]`` draft budget per row (capped at ``config.max_spec_tokens``; ``<= 0``: none).
+            out: a :class:`DraftBatch` of exactly ``n`` rows and ``config.max_spec_tokens`` columns to fill (its five
+                arrays C-contiguous, writable, of :class:`DraftBatch` dtypes), e.g. views of buffers kept across
+                steps; every row is written (rows without a draft zeroed). ``None``: a new zeroed batch.
+
+        Returns:
+            ``out`` (or the new batch).
+
+        Raises:
+            KeyError: a slot that is not active. ValueError: lengths or shapes out of range, or a bad ``out``
+            (nothing changed).
+        """
+        slots = _i32(slots, "slots")
+        n = len(slots)
+        cols = [_i32(a, name, n) for a, name in ((rows, "rows"), (num_tokens, "num_tokens"),
+                                                 (num_prompt, "num_prompt"), (num_sampled, "num_sampled"),
+                                                 (num_verified, "num_verified"))]
+        budgets = np.asarray(max_tokens).reshape(-1)
+        if budgets.dtype != np.int32:
+            budgets = np.clip(budgets.astype(np.int64), -1, _I32_MAX).astype(np.int32)
+        budgets = _i32(budgets, "max_tokens", n)
+        matrix = token_matrix
+        if not (isinstance(matrix, np.ndarray) and matrix.dtype == np.int32 and matrix.flags.c_contiguous):
+            matrix = np.ascontiguousarray(matrix, dtype=np.int32)
+        if matrix.ndim != 2:
+            raise ValueError(f"step: token_matrix must be 2-D, got shape {matrix.shape}")
+        k = self.config.max_spec_tokens
+        if out is None:
+            out, fill_idle = DraftBatch.empty(n, k), False  # zeroed already: rows without a draft are not written
+        else:
+            _check_out(out, n, k)
+            fill_idle = True
+        self._core.step(matrix, slots, *cols, budgets, out.tokens, out.accept, out.lengths, out.source, out.match_len,
+                        fill_idle)
         return out
 
     def trim(self, request_ids: Sequence[str], lengths: Sequence[int] | np.ndarray) -> None:
@@ -303,7 +393,17 @@ class NativeDASDrafter:
         automata), ``global_bytes``, ``live_bytes`` (own-text, sibling and batch automata, sequences and gram sets;
         also under the reference's key ``live_approx_bytes``, here measured), ``bytes_per_history_token``
         ((index + global) bytes / history tokens), the reference's ``live_*`` token figures, ``live_rebuilds`` (group
-        automata rebuilt after losing members)."""
+        automata rebuilt after losing members), and the deferred ingest (``background_ingest``):
+
+        * ``speculated_rows``: rows drafted (budget > 0), the same count as ``proposals``;
+        * ``deferred_steps``: steps whose ingest was left to the ingest thread;
+        * ``ingest_caller_steps``: deferred ingests a caller did itself because the thread had not started them
+          (on the caller's critical path);
+        * ``ingest_background_seconds`` / ``ingest_last_seconds``: the thread's ingest time (steady clock) in all /
+          in its last step;
+        * ``ingest_queued_tokens``: tokens waiting for the thread when stats was called (at most one step's).
+
+        The live figures are read after any deferred ingest is complete."""
         with self._lock:
             out = self._history.stats()
         s = self._core.stats()
@@ -323,7 +423,10 @@ class NativeDASDrafter:
             live_token_budget=self.config.live_token_budget, live_evicted_outputs=s["live_evicted_outputs"],
             live_evicted_tokens=s["live_evicted_tokens"],
             live_tree_tokens=s["live_local_tokens"] + s["live_group_tokens"], live_approx_bytes=s["live_bytes"],
-            live_rebuilds=s["live_rebuilds"], backend="native")
+            live_rebuilds=s["live_rebuilds"], speculated_rows=s["proposals"], deferred_steps=s["deferred_steps"],
+            ingest_caller_steps=s["caller_ingests"], ingest_background_seconds=s["ingest_background_seconds"],
+            ingest_last_seconds=s["ingest_last_seconds"], ingest_queued_tokens=s["ingest_queued_tokens"],
+            backend="native")
         out["global_seqs"] = out.pop("global_seqs") or 0
         return out
 
@@ -356,3 +459,16 @@ class NativeDASDrafter:
     def check(self) -> str:
         """Native structural self-check (tests): ``""`` when consistent."""
         return self._core.check()
+
+
+def _check_out(out: DraftBatch, n: int, k: int) -> None:
+    """Raise ``ValueError`` unless ``out``'s arrays are C-contiguous, writable, of DraftBatch's dtypes, ``n`` rows
+    and ``k`` columns."""
+    for name, dtype, shape in (("tokens", np.int32, (n, k)), ("accept", np.float64, (n, k)),
+                               ("lengths", np.int32, (n,)), ("source", np.int8, (n,)), ("match_len", np.int32, (n,))):
+        a = getattr(out, name)
+        if not (isinstance(a, np.ndarray) and a.dtype == dtype and a.shape == shape and a.flags.c_contiguous
+                and a.flags.writeable):
+            got = f"{a.dtype} {a.shape}" if isinstance(a, np.ndarray) else type(a).__name__
+            raise ValueError(f"step: out.{name} must be a writable C-contiguous {np.dtype(dtype)} array of shape "
+                             f"{shape}, got {got}; pass out=None for a new batch")

@@ -170,6 +170,7 @@ NB_MODULE(_das_native, m) {
              nb::gil_scoped_release nogil;
              d.flush();
            })
+      .def("hold_ingest", &das::Drafter::hold_ingest, "hold"_a, nb::call_guard<nb::gil_scoped_release>())
       .def("trim",
            [](das::Drafter& d, In1<int32_t> slots, In1<int32_t> lengths) {
              need_rows("lengths", lengths.shape(0), slots.shape(0));

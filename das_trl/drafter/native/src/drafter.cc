@@ -108,7 +108,7 @@ Drafter::~Drafter() {
 void Drafter::ingest_loop() {
   Lock lk(mu_);
   for (;;) {
-    ingest_cv_.wait(lk, [this] { return ingest_stop_ || !defer_rows_.empty(); });
+    ingest_cv_.wait(lk, [this] { return ingest_stop_ || (!ingest_hold_ && !defer_rows_.empty()); });
     if (ingest_stop_) return;
     const auto t0 = std::chrono::steady_clock::now();
     try {
@@ -158,6 +158,14 @@ Drafter::Lock Drafter::lock_synced() const {
 }
 
 void Drafter::flush() { lock_synced(); }
+
+void Drafter::hold_ingest(bool hold) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    ingest_hold_ = hold;
+  }
+  ingest_cv_.notify_all();
+}
 
 Drafter::IngestStats Drafter::ingest_stats() const {
   std::lock_guard<std::mutex> lk(mu_);

@@ -105,6 +105,9 @@ class Drafter {
             int32_t* lengths, int8_t* source, int32_t* match_len, bool fill_idle = true);
   // Completes any deferred ingest now (benchmarks, tests; every method that needs it does it itself).
   void flush();
+  // Tests: while held, the ingest thread takes no work, so each deferred step is completed by the next call that
+  // needs the state (the path a caller takes when it comes before the thread).
+  void hold_ingest(bool hold);
   // Cuts each row's outstanding draft to lengths[i] tokens (what was really sent for verification).
   void trim(const int32_t* slots, const int32_t* lengths, int64_t n);
   void release_finished(const std::vector<uint64_t>& problems);
@@ -211,7 +214,7 @@ class Drafter {
   std::vector<Deferred> defer_rows_;
   std::vector<int32_t> defer_tokens_;
   std::condition_variable ingest_cv_;
-  bool ingest_stop_ = false;
+  bool ingest_stop_ = false, ingest_hold_ = false;
   std::exception_ptr ingest_error_;
   IngestStats ingest_;
   std::thread ingest_thread_;  // last member: started when every other member exists

@@ -1,0 +1,346 @@
+"""Steps where no row drafts: no drafting work for rows without a budget, and the deferred ingest on the native
+ingest thread (``DrafterConfig.background_ingest``) changes no draft, no acceptance estimate, no source and no
+counter; calls made while an ingest is in flight see the complete state; the deferred tokens are bounded by one
+step's; the slot-based step API (``slot_of`` / ``step_slots``, preallocated outputs)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from das_trl.drafter import DrafterConfig, DraftBatch, create_drafter
+
+K = 8
+COUNTERS = ("proposals", "speculated_rows", "drafts", "draft_tokens", "requests", "wins", "verified_drafts",
+            "accepted_tokens", "calibration_tokens", "active_requests", "sibling_groups", "lingering_finished",
+            "live_running_tokens", "live_finished_tokens", "live_tree_tokens", "live_evicted_outputs",
+            "live_evicted_tokens", "live_rebuilds", "live_bytes", "tokens", "appearances")
+
+
+def make(background: bool, **kw):
+    kw.setdefault("draft_threads", 1)
+    return create_drafter(DrafterConfig(backend="native", max_spec_tokens=K, support_table_bits=12,
+                                        background_ingest=background, **kw))
+
+
+def same_batch(a: DraftBatch, b: DraftBatch) -> bool:
+    return all(np.array_equal(getattr(a, f), getattr(b, f)) for f in ("tokens", "lengths", "accept", "source",
+                                                                      "match_len"))
+
+
+class Engine:
+    """A seeded engine-like driver of several drafters with identical inputs: requests of a few problems (siblings)
+    start and stop at different steps, some stop early, one is preempted (its output shrinks), all-zero-budget steps
+    alternate with drafting steps, trims and partial verifications are random, finished rollouts are pushed."""
+
+    def __init__(self, drafters, seed: int, rows: int = 12, vocab: int = 12, out_len: int = 120) -> None:
+        self.d = drafters
+        self.rng = np.random.default_rng(seed)
+        self.vocab, self.out_len = vocab, out_len
+        self.prompts = [self.rng.integers(100, 100 + vocab, int(self.rng.integers(4, 40))).tolist() for _ in range(4)]
+        self.bases = [self.rng.integers(100, 100 + vocab, out_len).tolist() for _ in range(4)]
+        self.width = 64 + out_len + 4
+        self.matrix = np.zeros((rows, self.width), np.int32)
+        self.free = list(range(rows))
+        self.live: dict[str, dict] = {}  # request id -> row, problem, target, pos (output tokens emitted)
+        self.last: dict[str, int] = {}  # request id -> tokens gained in its last step (verification input)
+        self.verified: dict[str, int] = {}
+        self.count = 0
+        self.finished: list[tuple[list[int], list[int]]] = []
+        self.preempted = self.restarted_in_zero_step = 0
+
+    def start(self) -> None:
+        row = self.free.pop()
+        p = int(self.rng.integers(len(self.prompts)))
+        target = list(self.bases[p])
+        for _ in range(int(self.rng.integers(0, 12))):
+            target[int(self.rng.integers(len(target)))] = int(self.rng.integers(100, 100 + self.vocab))
+        rid = f"r{self.count}"
+        self.count += 1
+        prompt = self.prompts[p]
+        self.matrix[row, :len(prompt)] = prompt
+        first = int(self.rng.integers(1, 40))  # a prefill chunk of output tokens (or just the first token)
+        self.matrix[row, len(prompt):len(prompt) + first] = target[:first]
+        self.live[rid] = dict(row=row, problem=p, target=target, pos=first, stop_at=len(target) if
+                              self.rng.random() < 0.7 else int(self.rng.integers(first + 1, len(target))))
+        self.last[rid] = first
+        self.verified[rid] = -1
+        for d in self.d:
+            d.start_request(rid, prompt)
+
+    def step_inputs(self, ids: list[str], zero: bool):
+        rows = np.array([self.live[r]["row"] for r in ids], np.int32)
+        num_prompt = np.array([len(self.prompts[self.live[r]["problem"]]) for r in ids], np.int32)
+        num_tokens = num_prompt + np.array([self.live[r]["pos"] for r in ids], np.int32)
+        sampled = np.array([self.last[r] for r in ids], np.int32)
+        verified = np.array([self.verified[r] for r in ids], np.int32)
+        budgets = np.zeros(len(ids), np.int32) if zero else self.rng.integers(-1, K + 3, len(ids)).astype(np.int32)
+        return rows, num_tokens, num_prompt, sampled, verified, budgets
+
+    def run(self, steps: int, on_step) -> None:
+        for _ in range(4):
+            self.start()
+        outs = [None] * len(self.d)
+        for step in range(steps):
+            ids = list(self.live)
+            zero = self.rng.random() < 0.5
+            if self.live and self.rng.random() < 0.06:  # preempt one request: recomputed from a shorter output
+                rid = ids[int(self.rng.integers(len(ids)))]
+                st = self.live[rid]
+                st["pos"] = int(self.rng.integers(1, st["pos"] + 1))
+                self.last[rid] = 1
+                self.preempted += 1
+                self.restarted_in_zero_step += zero
+            args = self.step_inputs(ids, zero)
+            batches = on_step(step, ids, self.matrix, args)
+            b = batches[0]
+            sent = b.lengths.copy()
+            if len(ids) and self.rng.random() < 0.3:
+                sent = np.minimum(sent, self.rng.integers(0, K + 1, len(ids))).astype(np.int32)
+                for d in self.d:
+                    d.trim(ids, sent)
+            for j, rid in enumerate(ids):
+                st = self.live[rid]
+                draft = b.row(j)[: int(sent[j])]
+                t, p = st["target"], st["pos"]
+                usable = min(len(draft), len(t) - p - 1)
+                acc = 0
+                while acc < usable and draft[acc] == t[p + acc]:
+                    acc += 1
+                emit = t[p:p + acc + 1]
+                row = st["row"]
+                n_prompt = len(self.prompts[st["problem"]])
+                self.matrix[row, n_prompt + p:n_prompt + p + len(emit)] = emit
+                st["pos"] += len(emit)
+                self.last[rid] = len(emit)
+                self.verified[rid] = int(self.rng.integers(0, len(draft) + 1)) if draft and self.rng.random() < 0.2 \
+                    else -1
+            for rid in ids:  # finished (or stopped early): the stop comes right after the step
+                st = self.live[rid]
+                if st["pos"] >= st["stop_at"]:
+                    for d in self.d:
+                        d.stop_request(rid)
+                    self.finished.append((self.prompts[st["problem"]], st["target"][:st["pos"]]))
+                    self.free.append(st["row"])
+                    del self.live[rid]
+            while self.free and (len(self.live) < 3 or self.rng.random() < 0.15):
+                self.start()
+            if len(self.finished) >= 8 and self.rng.random() < 0.1:  # a history push
+                ps, cs = zip(*self.finished)
+                for d in self.d:
+                    d.add_rollouts(list(ps), list(cs))
+                self.finished.clear()
+
+
+@pytest.mark.parametrize("seed,hold", [(0, False), (1, False), (2, True), (3, True)])
+def test_background_ingest_changes_nothing(seed, hold):
+    """Background ingest on (slot API, one preallocated output reused every step) and off (request ids, a new
+    output each step): identical drafts, accept arrays, sources, match lengths at every step, identical counters,
+    and a consistent core throughout. ``hold``: the ingest thread is held, so every deferred step is completed by
+    the next call that needs it (stop, start, trim, propose_batch, stats, check, add_rollouts, the next step), the
+    path a caller takes when it comes before the thread."""
+    bg, sync = make(True), make(False)
+    bg._core.hold_ingest(hold)
+    buf = DraftBatch.empty(64, K)
+    seen = dict(zero=0, drafting=0, zero_rows_drafted=0)
+
+    def on_step(step, ids, matrix, args):
+        n = len(ids)
+        out = DraftBatch(buf.tokens[:n], buf.lengths[:n], buf.accept[:n], buf.source[:n], buf.match_len[:n])
+        buf.tokens[:n] = 7  # stale content from "an earlier step": rows without a draft must read as no draft
+        buf.accept[:n] = 0.5
+        slots = np.array([bg.slot_of(r) for r in ids], np.int32)
+        a = bg.step_slots(slots, matrix, *args, out=out)
+        b = sync.step(ids, matrix, *args)
+        assert a is out
+        assert same_batch(a, b), f"step {step}: drafts differ"
+        idle = args[-1] <= 0
+        assert not a.lengths[idle].any() and (a.source[idle] == -1).all() and not a.tokens[idle].any() \
+            and not a.accept[idle].any()
+        seen["zero" if not (args[-1] > 0).any() else "drafting"] += 1
+        if step % 7 == 0:  # with the previous step's ingest possibly still in flight
+            assert bg.check() == "" and sync.check() == ""
+        if step % 11 == 0:
+            sa, sb = bg.stats(), sync.stats()
+            assert {k: sa[k] for k in COUNTERS} == {k: sb[k] for k in COUNTERS}, f"step {step}"
+        if step % 13 == 5 and ids:  # a propose_batch between engine steps (completes a deferred ingest first)
+            budgets = np.full(n, K)
+            assert same_batch(bg.propose_batch(ids, budgets), sync.propose_batch(ids, budgets))
+        return [a, b]
+
+    eng = Engine([bg, sync], seed)
+    eng.run(160, on_step)
+    assert seen["zero"] > 40 and seen["drafting"] > 40
+    assert eng.preempted >= 3 and eng.count > 20
+    sa, sb = bg.stats(), sync.stats()
+    assert {k: sa[k] for k in COUNTERS} == {k: sb[k] for k in COUNTERS}
+    assert sa["deferred_steps"] > 30 and sb["deferred_steps"] == 0
+    if hold:
+        assert sa["ingest_caller_steps"] >= sa["deferred_steps"] and sa["ingest_background_seconds"] == 0.0
+    assert sa["drafts"] > 50  # the drafters did draft (siblings and own text repeat)
+    assert bg.check() == "" and sync.check() == ""
+
+
+@pytest.mark.parametrize("hold", [False, True])
+def test_calls_while_ingest_in_flight(hold):
+    """Large deferred steps (hundreds of tokens per row) followed at once by stop (its siblings must see its whole
+    text), start, extend, trim, record_acceptance, propose_batch and stats: the same results as without deferral,
+    whether the ingest thread is at work (it holds the drafter's lock: the call waits) or has not started (held:
+    the call ingests)."""
+    rng = np.random.default_rng(5)
+    bg, sync = make(True), make(False)
+    bg._core.hold_ingest(hold)
+    prompt = rng.integers(0, 50, 16).tolist()
+    base = rng.integers(0, 50, 4000)
+    texts = []
+    for i in range(16):
+        t = base.copy()
+        t[rng.integers(0, len(t), 40)] = rng.integers(0, 50, 40)
+        texts.append(t)
+    matrix = np.zeros((16, 16 + 4000), np.int32)
+    matrix[:, :16] = prompt
+    for i in range(16):
+        matrix[i, 16:] = texts[i]
+    ids = [f"q{i}" for i in range(16)]
+    for d in (bg, sync):
+        for r in ids:
+            d.start_request(r, prompt, problem_key=7)
+    pos = np.zeros(16, np.int32)
+    rows = np.arange(16, dtype=np.int32)
+    zero = np.zeros(16, np.int32)
+    for rnd in range(6):
+        gained = rng.integers(200, 600, 16).astype(np.int32)
+        pos += gained
+        args = (matrix, rows, 16 + pos, np.full(16, 16, np.int32), gained, np.full(16, -1, np.int32), zero)
+        a = bg.step(ids, *args)
+        b = sync.step(ids, *args)
+        assert same_batch(a, b)
+        victim = ids[rnd]
+        # Right after the deferred step: the ingest thread is likely at work on ~6k tokens.
+        for d in (bg, sync):
+            d.stop_request(victim)
+        new = f"n{rnd}"
+        for d in (bg, sync):
+            d.start_request(new, prompt, problem_key=7)
+            d.extend_request(new, texts[rnd][:int(pos[rnd])])
+        survivors = ids[rnd + 1:] + [new]
+        budgets = np.full(len(survivors), K)
+        assert same_batch(bg.propose_batch(survivors, budgets), sync.propose_batch(survivors, budgets))
+        for d in (bg, sync):
+            d.trim(survivors[:2], [1, 0])
+            d.record_acceptance(survivors[0], 1, 1)
+        sa, sb = bg.stats(), sync.stats()
+        assert {k: sa[k] for k in COUNTERS} == {k: sb[k] for k in COUNTERS}
+        for d in (bg, sync):
+            d.stop_request(new)
+        ids[rnd] = f"x{rnd}"  # the stopped request's row is restarted as a new request
+        for d in (bg, sync):
+            d.start_request(ids[rnd], prompt, problem_key=7)
+        pos[rnd] = 0
+    assert bg.stats()["deferred_steps"] == 6
+    assert bg.check() == "" and sync.check() == ""
+
+
+def test_deferred_tokens_bounded_by_one_step():
+    """The ingest buffer never holds more than the last step's new tokens, drains when the thread is done or a call
+    needs the state, and drafting steps neither defer nor leave anything queued."""
+    rng = np.random.default_rng(9)
+    d = make(True)
+    n = 32
+    ids = [f"b{i}" for i in range(n)]
+    prompt = rng.integers(0, 40, 10).tolist()
+    for r in ids:
+        d.start_request(r, prompt)
+    matrix = np.zeros((n, 10 + 3000), np.int32)
+    matrix[:, :10] = prompt
+    matrix[:, 10:] = rng.integers(0, 40, (n, 3000))
+    pos = np.zeros(n, np.int32)
+    rows = np.arange(n, dtype=np.int32)
+    deferred = 0
+    for step in range(40):
+        gained = rng.integers(1, 60, n).astype(np.int32)
+        pos += gained
+        drafting = step % 5 == 4
+        budgets = np.full(n, K if drafting else 0, np.int32)
+        d.step(ids, matrix, rows, 10 + pos, np.full(n, 10, np.int32), gained, np.full(n, -1, np.int32), budgets)
+        queued = d._core.stats()["ingest_queued_tokens"]  # read before anything completes the ingest
+        assert 0 <= queued <= int(gained.sum())
+        if drafting:
+            assert queued == 0
+        else:
+            deferred += 1
+    d.wait_for_ingest()
+    s = d.stats()
+    assert s["ingest_queued_tokens"] == 0
+    assert s["deferred_steps"] == deferred
+    assert s["speculated_rows"] == s["proposals"] == 8 * n  # only the rows of drafting steps were speculated
+    assert s["ingest_background_seconds"] >= s["ingest_last_seconds"] >= 0.0
+    assert s["live_tree_tokens"] > 0 and d.check() == ""
+
+
+def test_zero_budget_rows_do_no_drafting_work():
+    """Rows with budget <= 0 in a drafting step: no draft, not counted as speculated, their verification still
+    recorded; a reused output's stale rows are cleared."""
+    rng = np.random.default_rng(3)
+    d = make(True)
+    seq = rng.integers(0, 5, 400)  # repetitive: every row can draft from its own text
+    ids = ["a", "b", "c", "d"]
+    for r in ids:
+        d.start_request(r, seq[:8].tolist())
+    matrix = np.tile(seq.astype(np.int32), (4, 1))
+    rows = np.arange(4, dtype=np.int32)
+    num = np.full(4, 300, np.int32)
+    out = DraftBatch.empty(4, K)
+    out.tokens[:] = 3
+    out.accept[:] = 0.9
+    out.source[:] = 2
+    out.match_len[:] = 5
+    budgets = np.array([K, 0, -1, 2], np.int32)
+    slots = np.array([d.slot_of(r) for r in ids], np.int32)
+    d.step_slots(slots, matrix, rows, num, np.full(4, 8, np.int32), np.full(4, 292, np.int32),
+                 np.full(4, -1, np.int32), budgets, out=out)
+    assert out.lengths[0] > 0 and 0 < out.lengths[3] <= 2
+    for i in (1, 2):
+        assert out.lengths[i] == 0 and out.source[i] == -1 and out.match_len[i] == 0
+        assert not out.tokens[i].any() and not out.accept[i].any()
+    assert not out.tokens[3, 2:].any() and not out.accept[3, 2:].any()
+    assert d.stats()["speculated_rows"] == 2
+    # The next step verifies rows 0 and 3 only (rows without a draft have nothing outstanding).
+    d.step_slots(slots, matrix, rows, num + 1, np.full(4, 8, np.int32), np.ones(4, np.int32),
+                 np.full(4, -1, np.int32), np.zeros(4, np.int32))
+    assert d.stats()["verified_drafts"] == 2
+
+
+def test_step_slots_errors_and_slot_of():
+    d = make(True)
+    d.start_request("a", [1, 2, 3, 4])
+    slot = d.slot_of("a")
+    assert isinstance(slot, int)
+    with pytest.raises(KeyError, match="not active"):
+        d.slot_of("zz")
+    m = np.zeros((2, 16), np.int32)
+    m[0, :5] = [1, 2, 3, 4, 5]
+    one = np.ones(1, np.int32)
+    with pytest.raises(KeyError):
+        d.step_slots(np.array([slot + 5], np.int32), m, [0], [5], [4], one, [-1], [4])
+    with pytest.raises(ValueError, match="rows"):
+        d.step_slots(np.array([slot], np.int32), m, [0, 1], [5], [4], one, [-1], [4])
+    with pytest.raises(ValueError, match="out.accept"):
+        bad = DraftBatch.empty(1, K)
+        bad.accept = np.zeros((1, K), np.float32)
+        d.step_slots(np.array([slot], np.int32), m, [0], [5], [4], one, [-1], [4], out=bad)
+    with pytest.raises(ValueError, match="out.tokens"):
+        d.step_slots(np.array([slot], np.int32), m, [0], [5], [4], one, [-1], [4], out=DraftBatch.empty(2, K))
+    with pytest.raises(ValueError, match="int32"):
+        d.step_slots(np.array([slot], np.int32), m, [0], np.array([2**40]), [4], one, [-1], [4])
+    # Nothing changed by the refused calls; the good call works with int64 inputs and a huge budget.
+    b = d.step_slots(np.array([slot], np.int64), m, [0], [5], [4], one, [-1], np.array([2**40]))
+    assert len(b) == 1 and d.check() == ""
+    assert d.step(["a"], m, [0], [5], [4], [0], [-1], [0]).lengths.tolist() == [0]
+
+
+def test_config_field():
+    with pytest.raises(ValueError, match="background_ingest"):
+        DrafterConfig(background_ingest=1)
+    d = make(False)
+    assert d.stats()["deferred_steps"] == 0
