@@ -18,7 +18,10 @@ of each proposer; a history push of ``--push-tokens`` tokens (wall, us/token, ho
 history bytes per token); the engine-step latency p50/p99 of the DAS proposer while that push is built in the
 background next to the quiet latency.
 
-    das-trl bench drafter-speed --compare suffix [--batch 256,1024] [--context 1024,16384]
+    das-trl bench drafter-speed --compare suffix [--batch 256,1024] [--context 1024,16384] [--workload silent]
+
+``--workload silent`` makes every live output random (nothing pays): the controller's plan stops drafting, and the
+figures are what a step costs the engine when nothing pays (issue 16's "nearly free" target).
 """
 
 from __future__ import annotations
@@ -83,12 +86,21 @@ def _vllm_config(k: int, max_model_len: int, **spec) -> SimpleNamespace:
 
 
 def run_batch(kind: str, wl: Workload, history: list[tuple[list, list]], batch: int, context: int, rounds: int,
-              k: int, backend: str) -> dict:
-    """One proposer on one live batch: returns per request-round costs and tokens per round."""
-    width = context + rounds * (k + 2) + 64
+              k: int, backend: str, workload: str = "drafting", warmup_rounds: int = 0) -> dict:
+    """One proposer on one live batch: returns per request-round costs and tokens per round.
+
+    ``workload="silent"``: the live requests' outputs are random tokens unrelated to the history (drafts are
+    rejected, the controller's plan stops drafting), so the timed steps measure what a step costs when nothing
+    pays. ``warmup_rounds`` engine steps run untimed after the first (the plan learns the acceptance)."""
+    width = context + (rounds + warmup_rounds) * (k + 2) + 64
     fb = FakeBatch(batch, width)
     problems = [r % len(wl.prompts) for r in range(batch)]
-    truths = [np.concatenate([wl.prompts[p], wl.rollout(p)])[:width] for p in problems]
+    if workload == "silent":
+        noise = np.random.default_rng(12345)
+        truths = [np.concatenate([wl.prompts[p], noise.integers(0, wl.vocab, width).astype(np.int32)])[:width]
+                  for p in problems]
+    else:
+        truths = [np.concatenate([wl.prompts[p], wl.rollout(p)])[:width] for p in problems]
     for r in range(batch):
         fb.req_ids.append(f"r{r}")
         fb.req_id_to_index[f"r{r}"] = r
@@ -102,8 +114,10 @@ def run_batch(kind: str, wl: Workload, history: list[tuple[list, list]], batch: 
         prop.attach(SimpleNamespace(input_batch=fb, requests={}))
         for ps, cs in history:
             prop.add_history(ps, cs, background=False)
-        step_time = [0.0, 0.0]
-        inner = prop.drafter.step
+        step_time = [0.0, 0.0, 0.0]
+        name = "step_slots" if hasattr(prop.drafter, "step_slots") else "step"  # what the speculator calls
+        inner = getattr(prop.drafter, name)
+        plan, cut = prop.controller.plan, prop.controller.cut
 
         def timed_step(*a, **kw):  # the drafter's share of the proposer's time
             t0, c0 = time.perf_counter(), time.thread_time()
@@ -112,7 +126,16 @@ def run_batch(kind: str, wl: Workload, history: list[tuple[list, list]], batch: 
             step_time[1] += time.thread_time() - c0
             return out
 
-        prop.drafter.step = timed_step
+        def timed(fn):  # the controller's share (plan + cut), thread time
+            def call(*a, **kw):
+                c0 = time.thread_time()
+                out = fn(*a, **kw)
+                step_time[2] += time.thread_time() - c0
+                return out
+            return call
+
+        setattr(prop.drafter, name, timed_step)
+        prop.controller.plan, prop.controller.cut = timed(plan), timed(cut)
         call = lambda sampled: prop.propose(sampled, fb.num_tokens_no_spec.copy(), fb.token_ids_cpu)  # noqa: E731
     else:
         from vllm.v1.spec_decode.suffix_decoding import SuffixDecodingProposer
@@ -143,9 +166,13 @@ def run_batch(kind: str, wl: Workload, history: list[tuple[list, list]], batch: 
     drafts = call(sampled)
     wall = cpu = 0.0
     rows = tokens = 0
-    if kind == "das":
-        step_time[:] = [0.0, 0.0]
-    for _ in range(rounds):
+    for rnd in range(warmup_rounds + rounds):
+        if rnd == warmup_rounds:
+            wall = cpu = 0.0
+            rows = tokens = 0
+            if kind == "das":
+                step_time[:] = [0.0, 0.0, 0.0]
+                spec0 = dict(prop.speculator.counters)
         sampled = []
         for r in range(batch):
             d, t, p = drafts[r], truths[r], int(pos[r])
@@ -165,7 +192,10 @@ def run_batch(kind: str, wl: Workload, history: list[tuple[list, list]], batch: 
         rows += batch
     out = {"us_wall": 1e6 * wall / rows, "us_cpu": 1e6 * cpu / rows, "tokens_per_round": tokens / rows}
     if kind == "das":
-        out["drafter_us_wall"], out["drafter_us_cpu"] = (1e6 * x / rows for x in step_time)
+        out["drafter_us_wall"], out["drafter_us_cpu"], out["controller_us_cpu"] = (1e6 * x / rows for x in step_time)
+        spec = prop.speculator.counters
+        out["speculated_share"] = (spec["speculated_rows"] - spec0["speculated_rows"]) / rows
+        out["silent_steps"] = spec["silent_steps"] - spec0["silent_steps"]
         s = prop.drafter.stats()
         out["bytes_per_history_token"] = s.get("bytes_per_history_token")
         out["live_bytes"] = s.get("live_bytes")
@@ -252,10 +282,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vocab", type=int, default=32000, help="token ids of the synthetic workload (default: 32000)")
     ap.add_argument("--seed", type=int, default=0, help="workload seed (default: 0)")
     ap.add_argument("--skip", default="", help="configurations to skip, e.g. '1024x16384'")
+    ap.add_argument("--workload", default="drafting", choices=("drafting", "silent"),
+                    help="'drafting': outputs close to the history (most rows draft); 'silent': random outputs, "
+                         "nothing pays, the plan stops drafting (what a step costs when nothing pays)")
+    ap.add_argument("--warmup-rounds", type=int, default=5,
+                    help="untimed engine steps before the timed ones (the plan learns the acceptance)")
     args = ap.parse_args(argv)
     kinds = ["das"] + ([args.compare] if args.compare == "suffix" else [])
     print(f"{'batch':>6}{'context':>9}  {'proposer':<8}{'us/req-round':>13}{'(cpu)':>8}{'tok/round':>10}"
-          f"  {'of which drafter step':>22}")
+          f"  {'of which drafter step':>22}{'controller (cpu)':>18}{'rows drafted':>14}{'silent steps':>14}")
     for batch in [int(x) for x in args.batch.split(",")]:
         for context in [int(x) for x in args.context.split(",")]:
             if f"{batch}x{context}" in args.skip.split(","):
@@ -266,9 +301,12 @@ def main(argv: list[str] | None = None) -> int:
             history = [wl.step(problems, args.samples, hist_len) for _ in range(args.appearances)]
             res = {}
             for kind in kinds:
-                res[kind] = run_batch(kind, wl, history, batch, context, args.rounds, args.k, args.backend)
+                res[kind] = run_batch(kind, wl, history, batch, context, args.rounds, args.k, args.backend,
+                                      args.workload, args.warmup_rounds)
                 r = res[kind]
-                inner = (f"  {r['drafter_us_wall']:>12.1f} ({r['drafter_us_cpu']:.1f} cpu)" if kind == "das" else "")
+                inner = (f"  {r['drafter_us_wall']:>12.1f} ({r['drafter_us_cpu']:.1f} cpu){r['controller_us_cpu']:>18.2f}"
+                         f"{100 * r['speculated_share']:>13.0f}%{r['silent_steps']:>8d} of {args.rounds}"
+                         if kind == "das" else "")
                 print(f"{batch:>6}{context:>9}  {kind:<8}{r['us_wall']:>13.1f}{r['us_cpu']:>8.1f}"
                       f"{r['tokens_per_round']:>10.3f}{inner}", flush=True)
             if "suffix" in res:

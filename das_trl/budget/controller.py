@@ -120,8 +120,9 @@ class ControllerConfig:
             a row is drafted only where its expected saving also pays for this. The default is the native drafter's
             cost per drafted row measured by ``das-trl bench drafter-speed`` on a 2-core machine (docs/tuning.md);
             a faster host or more ``draft_threads`` lower it. 0: drafting is free (the controller before issue 16).
-        gate_acceptance_prior / gate_prior_rounds: the per-token acceptance assumed, before drafting, for a request
-            whose own verified drafts say little yet (``prior`` with the weight of ``prior_rounds`` pseudo-outcomes;
+        gate_acceptance_prior / gate_prior_rounds: before drafting, a request's per-token acceptance is predicted
+            from its own verified drafts with ``gate_prior_rounds`` pseudo-rounds at the engine-wide acceptance,
+            which itself starts from ``gate_acceptance_prior`` (``das_trl.vllm.speculator``;
             :meth:`BudgetController.plan`).
         replan_steps / replan_shrink: the tail probabilities (the Monte Carlo over remaining lengths) are recomputed
             at least every ``replan_steps`` engine steps, whenever a request is new, and whenever the batch shrank
@@ -151,8 +152,8 @@ class ControllerConfig:
     fit_min_steps: int = 64
     fit_min_r2: float = 0.3
     backend: str = "auto"
-    draft_row_us: float = 2.0
-    gate_acceptance_prior: float = 0.7
+    draft_row_us: float = 5.0
+    gate_acceptance_prior: float = 0.5
     gate_prior_rounds: float = 2.0
     replan_steps: int = 8
     replan_shrink: float = 0.125
@@ -289,16 +290,20 @@ def gate_rows(weight_ms: np.ndarray, q: np.ndarray, caps: np.ndarray, c_tok_ms: 
         ``bool [n]``.
     """
     caps = np.asarray(caps, dtype=np.int64)
-    k = int(caps.max()) if caps.size else 0
-    if k <= 0:
-        return np.zeros(len(caps), bool)
     q = np.clip(np.asarray(q, dtype=np.float64), 0.0, 0.999)
-    d = np.arange(1, k + 1, dtype=np.float64)
-    s_d = np.cumsum(q[:, None] ** d[None, :], axis=1)  # [n, k]
-    gain = (np.asarray(weight_ms, dtype=np.float64) + c_tok_ms)[:, None] * s_d
-    cost = c_tok_ms * (1.0 + draft_margin) * d[None, :] + draft_row_ms
-    ok = (gain > cost) & (d[None, :] <= caps[:, None])
-    return ok.any(axis=1)
+    value = np.asarray(weight_ms, dtype=np.float64) + c_tok_ms
+    # S_d < q / (1 - q) and the cost is smallest at d = 1: rows failing that bound are out without the [n, K] work
+    # (in a large batch where nothing pays, that is every row).
+    out = (value * q / (1.0 - q) > c_tok_ms * (1.0 + draft_margin) + draft_row_ms) & (caps > 0)
+    rows = np.flatnonzero(out)
+    if len(rows):
+        k = int(caps[rows].max())
+        d = np.arange(1, k + 1, dtype=np.float64)
+        s_d = np.cumsum(q[rows, None] ** d[None, :], axis=1)  # [m, k]
+        cost = c_tok_ms * (1.0 + draft_margin) * d[None, :] + draft_row_ms
+        ok = (value[rows, None] * s_d > cost) & (d[None, :] <= caps[rows, None])
+        out[rows] = ok.any(axis=1)
+    return out
 
 
 def tail_probability(rounds: np.ndarray, bins: int = 64) -> tuple[np.ndarray, float]:
@@ -654,14 +659,28 @@ class BudgetController:
         cost = self.cost
         table, counts, pooled = self.lengths.gather(plan.problem_keys[idx])
         cap = None if plan.max_remaining is None else plan.max_remaining[idx]
-        rem = remaining_samples(table, counts, pooled, plan.generated[idx], cap, self._stratified(m),
-                                cfg.num_samples, cfg.pooled_weight, cfg.length_jitter, cfg.extrapolation_fraction,
-                                cfg.min_remaining)
-        survival_k = survival(rem, k)
-        useful = np.minimum(accept * survival_k * self.acceptance_ratio, 1.0)
-        lengths, value = optimal_draft_lengths(useful, plan.weight_ms[idx], cost.c_tok_ms, cfg.draft_margin)
-        capped = apply_step_cap(useful, lengths, value, cost.c_tok_ms, cfg.step_token_cap)
-        kept = np.where(np.arange(k)[None, :] < capped[:, None], accept * survival_k, 0.0).sum(axis=1)
+        weight = plan.weight_ms[idx]
+        ratio = self.acceptance_ratio
+        kernel = self._native_kernel("controller_cut")
+        if kernel is not None:
+            capped, kept = np.empty(m, np.int32), np.empty(m)
+            lengths = capped
+            params = {"ratio": ratio, "c_tok_ms": cost.c_tok_ms, "draft_margin": cfg.draft_margin,
+                      "pooled_weight": cfg.pooled_weight, "length_jitter": cfg.length_jitter,
+                      "extrapolation_fraction": cfg.extrapolation_fraction, "min_remaining": float(cfg.min_remaining)}
+            kernel(np.ascontiguousarray(accept), np.ascontiguousarray(table, dtype=np.float64),
+                   np.ascontiguousarray(pooled, dtype=np.float64), np.ascontiguousarray(plan.generated[idx]),
+                   np.full(m, np.inf) if cap is None else np.ascontiguousarray(cap, dtype=np.float64),
+                   self._stratified(m), np.ascontiguousarray(weight), params, capped, np.empty(m), kept)
+        else:
+            rem = remaining_samples(table, counts, pooled, plan.generated[idx], cap, self._stratified(m),
+                                    cfg.num_samples, cfg.pooled_weight, cfg.length_jitter, cfg.extrapolation_fraction,
+                                    cfg.min_remaining)
+            survival_k = survival(rem, k)
+            useful = np.minimum(accept * survival_k * ratio, 1.0)
+            lengths, value = optimal_draft_lengths(useful, weight, cost.c_tok_ms, cfg.draft_margin)
+            capped = apply_step_cap(useful, lengths, value, cost.c_tok_ms, cfg.step_token_cap)
+            kept = np.where(np.arange(k)[None, :] < capped[:, None], accept * survival_k, 0.0).sum(axis=1)
         c = self._counters
         c["rows_drafting"] += int((capped > 0).sum())
         c["offered_tokens"] += int((accept > 0).sum())
@@ -766,17 +785,18 @@ class BudgetController:
         self.last_expected_makespan = float(makespan)
         return capped
 
-    def _native_kernel(self):
-        """The native ``controller_budgets`` kernel when the config's backend allows it and it is built, else
-        ``None`` (numpy). ``step_token_cap > 0`` always runs in numpy (the kernel has no step cap)."""
+    def _native_kernel(self, name: str = "controller_budgets"):
+        """The native kernel ``name`` (``controller_budgets`` / ``controller_cut``) when the config's backend allows
+        it and the core is built, else ``None`` (numpy). ``step_token_cap > 0`` always runs in numpy (the kernels have
+        no step cap)."""
         cfg = self.config
         if cfg.backend == "python" or cfg.step_token_cap > 0:
             return None
         from das_trl.drafter import native
 
         if cfg.backend == "native":
-            return native.load().controller_budgets
-        return native.load().controller_budgets if native.available() else None
+            return getattr(native.load(), name)
+        return getattr(native.load(), name, None) if native.available() else None
 
     # ------------------------------------------------------------------ diagnostics
     def reset_counters(self) -> None:

@@ -27,6 +27,8 @@ from das_trl.drafter.draft_batch import DraftBatch
 
 #: Per-token acceptance outcomes of a request fade by this factor at each of its verified drafts (the gate's memory).
 _OUTCOME_DECAY = 0.8
+#: The engine-wide outcomes (every request's, the prior of a request with few of its own) fade by this per step.
+_GLOBAL_DECAY = 0.98
 
 
 class Speculator:
@@ -45,6 +47,7 @@ class Speculator:
         self._slot_of: dict[str, int] = {}
         self._free: list[int] = []
         self._req = _RequestArrays(256)
+        self._by_slot = hasattr(drafter, "step_slots")
         self.set_controller(controller)
         self._last_ids: list[str] | None = None
         self._last_slots = np.zeros(0, np.int64)
@@ -79,6 +82,8 @@ class Speculator:
         self._slot_of[req_id] = slot
         self._req.reset(slot, self.drafter.problem_of(req_id),
                         max_output if isinstance(max_output, int) and max_output > 0 else self.max_model_len)
+        # The native drafter takes slots directly (no per-row id lookup per step); the reference takes ids.
+        self._req.dslot[slot] = self.drafter.slot_of(req_id) if self._by_slot else -1
         self._last_ids = None
 
     def finish(self, req_id: str) -> None:
@@ -148,7 +153,18 @@ class Speculator:
         plan = ctl.plan(req.key[slots], output_len, req.rounds[slots], req.max_output[slots], caps,
                         req.acceptance(slots), slots)
         budgets = np.where(plan.draft, caps, 0)
-        out = self.drafter.step(req_ids, token_matrix, rows, num_tokens, num_prompt, num_sampled, verified, budgets)
+        if self._by_slot:
+            out = self.drafter.step_slots(req.dslot[slots], token_matrix, rows, num_tokens, num_prompt, num_sampled,
+                                          verified, budgets)
+        else:
+            out = self.drafter.step(req_ids, token_matrix, rows, num_tokens, num_prompt, num_sampled, verified,
+                                    budgets)
+        # A planned row the drafter found nothing for counts as a rejection in its record: otherwise a request that
+        # never matches would never learn it, and would be planned again every step.
+        empty = slots[plan.draft & (out.lengths == 0)]
+        if len(empty):
+            req.misses[empty] = _OUTCOME_DECAY * req.misses[empty] + 1.0
+            req.hits[empty] *= _OUTCOME_DECAY
         drafting = np.flatnonzero(out.lengths)
         if len(drafting):
             keep = np.zeros(n, np.int64)
@@ -185,8 +201,13 @@ class Speculator:
             expected = (req.expected[slots] * all_checked / np.maximum(sent, 1))[drafted]
             self.controller.observe_acceptance(float(expected.sum()), int(accepted.sum()))
             s = slots[drafted]
+            misses = accepted < checked
             req.hits[s] = _OUTCOME_DECAY * req.hits[s] + accepted
-            req.misses[s] = _OUTCOME_DECAY * req.misses[s] + (accepted < checked)
+            req.misses[s] = _OUTCOME_DECAY * req.misses[s] + misses
+            req.global_hits += float(accepted.sum())
+            req.global_misses += float(misses.sum())
+        req.global_hits *= _GLOBAL_DECAY
+        req.global_misses *= _GLOBAL_DECAY
         return all_checked
 
 
@@ -196,17 +217,21 @@ class _RequestArrays:
     ``key`` (``int64``: problem key), ``rounds`` (verification rounds so far), ``max_output`` (the request's
     ``max_tokens``, else the model length), ``sent`` (draft tokens sent for verification last step), ``expected``
     (``float64``: the controller's acceptance estimate for them), ``hits`` / ``misses`` (``float64``: fading counts
-    of accepted draft tokens and of rejections, the request's own per-token acceptance record). Grows by doubling; at
-    most as many slots as requests ever ran at once."""
+    of accepted draft tokens and of rejections, the request's own per-token acceptance record); ``global_hits`` /
+    ``global_misses``: the same over every request (fading per step); ``dslot`` (``int32``): the request's slot in
+    the native drafter. Grows by doubling; at most as many slots as
+    requests ever ran at once."""
 
     _FIELDS = (("key", np.int64), ("rounds", np.int64), ("max_output", np.int64), ("sent", np.int64),
-               ("expected", np.float64), ("hits", np.float64), ("misses", np.float64))
+               ("expected", np.float64), ("hits", np.float64), ("misses", np.float64), ("dslot", np.int32))
 
     def __init__(self, capacity: int) -> None:
         for name, dtype in self._FIELDS:
             setattr(self, name, np.zeros(capacity, dtype))
-        self.prior = 0.7
+        self.prior = 0.5
         self.prior_rounds = 2.0
+        self.global_hits = 0.0
+        self.global_misses = 0.0
 
     def ensure(self, size: int) -> None:
         if size > len(self.key):
@@ -224,9 +249,12 @@ class _RequestArrays:
         self.sent[slot] = self.expected[slot] = self.hits[slot] = self.misses[slot] = 0
 
     def acceptance(self, slots: np.ndarray) -> np.ndarray:
-        """Predicted per-token acceptance ``float64 [n]``: the request's fading record of accepted tokens and
-        rejections (a geometric model: ``hits / (hits + misses)``) with ``prior_rounds`` pseudo-rejections at the
-        prior."""
+        """Predicted per-token acceptance ``float64 [n]`` (a geometric model: ``hits / (hits + misses)``): the
+        request's fading record, with ``prior_rounds`` pseudo-rounds at the engine-wide rate, itself the fading record
+        of every request with 8 pseudo-rounds at the configured ``prior`` (so a step in which nothing was drafted
+        drifts back towards the prior, and the gate tries again)."""
         q0, r0 = self.prior, self.prior_rounds
-        hits = self.hits[slots] + r0 * q0 / (1.0 - q0)
+        g_hits = self.global_hits + 8.0 * q0 / (1.0 - q0)
+        qg = min(g_hits / (g_hits + self.global_misses + 8.0), 0.99)
+        hits = self.hits[slots] + r0 * qg / (1.0 - qg)
         return hits / (hits + self.misses[slots] + r0)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["MAX_SPEC_TOKENS", "Drafter", "controller_budgets"]
+__all__ = ["MAX_SPEC_TOKENS", "Drafter", "controller_budgets", "controller_cut"]
 
 _I8 = npt.NDArray[np.int8]
 _I32 = npt.NDArray[np.int32]
@@ -192,4 +192,24 @@ def controller_budgets(accept: _F64, table: _F64, pooled: _F64, generated: _F64,
     Raises:
         ValueError: a row count differs from ``n``, ``draws`` is not ``[4, n, s]``, an empty table or sample axis,
             or ``bins < 1``.
+    """
+
+def controller_cut(accept: _F64, table: _F64, pooled: _F64, generated: _F64, cap: _F64, draws: _F64, weight: _F64,
+                   params: dict[str, Any], lengths: _I32, value: _F64, expected_kept: _F64) -> None:
+    """The cut of a planned step (``BudgetController.cut``) for the ``n`` drafted rows: survival from the remaining
+    length samples, then the draft length minimising the cost per token of progress under each row's given weight
+    (``c_base * P_i`` from the plan over the whole batch). GIL released.
+
+    Args:
+        accept: ``float64[n, k]`` cumulative acceptance estimates of each drafted row.
+        table / pooled / generated / cap / draws: as :func:`controller_budgets`, for these rows.
+        weight: ``float64[n]`` ms one more round of the row adds to the batch's expected cost.
+        params: ``ratio``, ``c_tok_ms``, ``draft_margin``, ``pooled_weight``, ``length_jitter``,
+            ``extrapolation_fraction``, ``min_remaining`` (missing: defaults).
+        lengths: out, ``int32[n]`` kept draft tokens.
+        value: out, ``float64[n]`` ms per token of progress at that length.
+        expected_kept: out, ``float64[n]`` sum of acceptance x survival over the kept positions.
+
+    Raises:
+        ValueError: a row count differs from ``n``, ``draws`` is not ``[4, n, s]``, an empty table or sample axis.
     """

@@ -1,4 +1,4 @@
-// See controller.h. Each block names the function of das_trl/drafter/controller.py it mirrors.
+// See controller.h. Each block names the function of das_trl/budget/controller.py it mirrors.
 #include "controller.h"
 
 #include <algorithm>
@@ -7,18 +7,17 @@
 
 namespace das {
 
-double controller_budgets(int64_t n, int64_t k, const double* accept, int64_t w, const double* table, int64_t m,
-                          const double* pooled, const double* generated, const double* cap, const double* tau_obs,
-                          int64_t s, const double* draws, const ControllerParams& prm, int32_t* lengths,
-                          double* value, double* p, double* expected_kept, double* rem_mean) {
-  if (n <= 0) return 0.0;
+namespace {
+
+// remaining_samples: per row, s remaining lengths conditional on exceeding the tokens generated so far.
+void sample_remaining(int64_t n, int64_t w, const double* table, int64_t m, const double* pooled,
+                      const double* generated, const double* cap, int64_t s, const double* draws,
+                      const ControllerParams& prm, double* rem, double* rem_mean) {
   const double* du = draws;
   const double* dv = draws + n * s;
   const double* de = draws + 2 * n * s;
   const double* dj = draws + 3 * n * s;
   const double jit = prm.jitter * std::sqrt(3.0);
-  std::vector<double> rem(static_cast<size_t>(n * s));
-  // remaining_samples: per row, s remaining lengths conditional on exceeding the tokens generated so far.
   for (int64_t i = 0; i < n; ++i) {
     const double g = generated[i];
     const double* row = table + i * w;
@@ -49,8 +48,51 @@ double controller_budgets(int64_t n, int64_t k, const double* accept, int64_t w,
       rem[at] = r;
       sum += r;
     }
-    rem_mean[i] = sum / static_cast<double>(s);
+    if (rem_mean) rem_mean[i] = sum / static_cast<double>(s);
   }
+}
+
+// survival + optimal_draft_lengths for row i: position j pays while the cost per token of progress keeps falling.
+void cut_row(int64_t i, int64_t k, int64_t s, const double* accept, const double* rem, double weight,
+             const ControllerParams& prm, std::vector<int32_t>& hist, int32_t* lengths, double* value,
+             double* expected_kept) {
+  std::fill(hist.begin(), hist.end(), 0);
+  for (int64_t t = 0; t < s; ++t) {
+    const double f = std::floor(rem[i * s + t]);
+    hist[static_cast<size_t>(std::min<double>(f, static_cast<double>(k + 1)))] += 1;
+  }
+  double tau = 1.0, best = (weight + prm.c_tok_ms) / tau;  // d = 0
+  int32_t best_d = 0;
+  double kept = 0.0, kept_best = 0.0;
+  int64_t below = hist[0];
+  for (int64_t j = 0; j < k; ++j) {
+    below += hist[j + 1];
+    const double surv = 1.0 - static_cast<double>(below) / static_cast<double>(s);
+    const double a = accept[i * k + j];
+    tau += std::min(a * surv * prm.ratio, 1.0);
+    kept += a * surv;
+    const double d = static_cast<double>(j + 1);
+    const double ratio = (weight + prm.c_tok_ms * (1.0 + (1.0 + prm.draft_margin) * d)) / tau;
+    if (ratio * (1.0 + 1e-9 * d) < best * (1.0 + 1e-9 * best_d)) {
+      best = ratio;
+      best_d = static_cast<int32_t>(j + 1);
+      kept_best = kept;
+    }
+  }
+  lengths[i] = best_d;
+  value[i] = best;
+  expected_kept[i] = kept_best;
+}
+
+}  // namespace
+
+double controller_budgets(int64_t n, int64_t k, const double* accept, int64_t w, const double* table, int64_t m,
+                          const double* pooled, const double* generated, const double* cap, const double* tau_obs,
+                          int64_t s, const double* draws, const ControllerParams& prm, int32_t* lengths,
+                          double* value, double* p, double* expected_kept, double* rem_mean) {
+  if (n <= 0) return 0.0;
+  std::vector<double> rem(static_cast<size_t>(n * s));
+  sample_remaining(n, w, table, m, pooled, generated, cap, s, draws, prm, rem.data(), rem_mean);
   // tail_probability on rounds = rem / tau_obs: per-row histograms over log-spaced bins.
   const int bins = prm.bins;
   double makespan = 0.0;
@@ -114,38 +156,22 @@ double controller_budgets(int64_t n, int64_t k, const double* accept, int64_t w,
   }
   const double tw = prm.tail_prior_weight;
   for (int64_t i = 0; i < n; ++i) p[i] = (1.0 - tw) * p[i] + tw / static_cast<double>(n);
-  // survival + optimal_draft_lengths: position j pays while the cost per token of progress keeps falling.
   std::vector<int32_t> hist(static_cast<size_t>(k + 2));
-  for (int64_t i = 0; i < n; ++i) {
-    std::fill(hist.begin(), hist.end(), 0);
-    for (int64_t t = 0; t < s; ++t) {
-      const double f = std::floor(rem[i * s + t]);
-      hist[static_cast<size_t>(std::min<double>(f, static_cast<double>(k + 1)))] += 1;
-    }
-    const double weight = prm.c_base_ms * p[i];
-    double tau = 1.0, best = (weight + prm.c_tok_ms) / tau;  // d = 0
-    int32_t best_d = 0;
-    double kept = 0.0, kept_best = 0.0;
-    int64_t below = hist[0];
-    for (int64_t j = 0; j < k; ++j) {
-      below += hist[j + 1];
-      const double surv = 1.0 - static_cast<double>(below) / static_cast<double>(s);
-      const double a = accept[i * k + j];
-      tau += std::min(a * surv * prm.ratio, 1.0);
-      kept += a * surv;
-      const double d = static_cast<double>(j + 1);
-      const double ratio = (weight + prm.c_tok_ms * (1.0 + (1.0 + prm.draft_margin) * d)) / tau;
-      if (ratio * (1.0 + 1e-9 * d) < best * (1.0 + 1e-9 * best_d)) {
-        best = ratio;
-        best_d = static_cast<int32_t>(j + 1);
-        kept_best = kept;
-      }
-    }
-    lengths[i] = best_d;
-    value[i] = best;
-    expected_kept[i] = kept_best;
-  }
+  for (int64_t i = 0; i < n; ++i)
+    cut_row(i, k, s, accept, rem.data(), prm.c_base_ms * p[i], prm, hist, lengths, value, expected_kept);
   return makespan;
+}
+
+void controller_cut(int64_t m_rows, int64_t k, const double* accept, int64_t w, const double* table, int64_t m,
+                    const double* pooled, const double* generated, const double* cap, int64_t s, const double* draws,
+                    const double* weight, const ControllerParams& prm, int32_t* lengths, double* value,
+                    double* expected_kept) {
+  if (m_rows <= 0) return;
+  std::vector<double> rem(static_cast<size_t>(m_rows * s));
+  sample_remaining(m_rows, w, table, m, pooled, generated, cap, s, draws, prm, rem.data(), nullptr);
+  std::vector<int32_t> hist(static_cast<size_t>(k + 2));
+  for (int64_t i = 0; i < m_rows; ++i)
+    cut_row(i, k, s, accept, rem.data(), weight[i], prm, hist, lengths, value, expected_kept);
 }
 
 }  // namespace das

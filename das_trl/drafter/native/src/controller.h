@@ -1,4 +1,4 @@
-// Batch budget controller kernel: the per-step array work of das_trl/drafter/controller.py (BudgetController.budgets)
+// Batch budget controller kernel: the per-step array work of das_trl/budget/controller.py (BudgetController.budgets)
 // in one pass, so the controller's cost per engine step stays next to the drafter's (numpy's per-call overhead made
 // it ~0.3 ms per step even for a handful of rows). The Python module stays the reference: same inputs (including the
 // random draws, made by numpy's generator in Python), same arithmetic; results agree to floating-point rounding
@@ -31,5 +31,13 @@ double controller_budgets(int64_t n, int64_t k, const double* accept, int64_t w,
                           const double* pooled, const double* generated, const double* cap, const double* tau_obs,
                           int64_t s, const double* draws, const ControllerParams& prm, int32_t* lengths,
                           double* value, double* p, double* expected_kept, double* rem_mean);
+
+// The cut of a planned step (das_trl/budget/controller.py, BudgetController.cut): for the m drafted rows only, with
+// each row's weight (c_base * P_i, from the plan over the whole batch) given instead of computed. Same shapes as
+// controller_budgets for the m rows (draws [4, m, s]); outputs lengths, value and expected_kept [m].
+void controller_cut(int64_t m_rows, int64_t k, const double* accept, int64_t w, const double* table, int64_t m,
+                    const double* pooled, const double* generated, const double* cap, int64_t s, const double* draws,
+                    const double* weight, const ControllerParams& prm, int32_t* lengths, double* value,
+                    double* expected_kept);
 
 }  // namespace das

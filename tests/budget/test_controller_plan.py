@@ -1,0 +1,89 @@
+"""BudgetController.plan / cut: the gate drafts only rows that can pay (the proposer's CPU counted), the native cut
+equals numpy's, decisions are deterministic (no generator state), and tail probabilities are reused between
+recomputations. Fast."""
+
+import numpy as np
+import pytest
+
+from das_trl.budget.controller import BudgetController, ControllerConfig, gate_rows, stratified_draws
+from das_trl.drafter import native
+
+
+def _controller(**cfg):
+    ctl = BudgetController(ControllerConfig(cost_source="config", **cfg))
+    rng = np.random.default_rng(3)
+    for key in range(12):
+        ctl.observe(key, rng.integers(20, 400, 8).tolist())
+    return ctl
+
+
+def _batch(n, seed=0):
+    rng = np.random.default_rng(seed)
+    keys = rng.integers(0, 14, n)  # some problems without history
+    out_len = rng.integers(0, 300, n)
+    rounds = np.maximum(1, out_len // 2)
+    acc = np.sort(rng.random((n, 16)), axis=1)[:, ::-1].copy()
+    acc[rng.random(n) < 0.3, 6:] = 0.0
+    return keys, out_len, rounds, acc
+
+
+def test_stratified_draws_are_permutations_of_the_strata():
+    d = stratified_draws(3, 32)
+    assert d.shape == (4, 3, 32) and (d[:, 0] == d[:, 2]).all()
+    for row in d[:, 0]:
+        assert np.allclose(np.sort(row), (np.arange(32) + 0.5) / 32)
+    assert not np.allclose(d[0, 0], d[1, 0])
+
+
+def test_gate_needs_the_saving_to_pay_for_verification_and_the_proposers_cpu():
+    w = np.array([0.0, 0.01, 0.01, 1.0, 1.0])
+    q = np.array([0.9, 0.5, 0.95, 0.05, 0.5])
+    caps = np.array([16, 16, 16, 16, 0])
+    ok = gate_rows(w, q, caps, c_tok_ms=0.025, draft_row_ms=0.005)
+    # P = 0 never pays; a cheap row pays only at high acceptance; the tail row pays even at low acceptance; cap 0 never
+    assert ok.tolist() == [False, False, True, True, False]
+    assert not gate_rows(w, q, caps, c_tok_ms=0.025, draft_row_ms=1.0).any()  # an expensive proposer drafts nothing
+
+
+@pytest.mark.skipif(not native.available(), reason="needs the native core (built by the setup script)")
+def test_native_cut_equals_numpy():
+    for seed in range(5):
+        keys, out_len, rounds, acc = _batch(40, seed)
+        results = []
+        for backend in ("native", "python"):
+            ctl = _controller(backend=backend)
+            plan = ctl.plan(keys, out_len, rounds, out_len + 200)
+            rows = np.flatnonzero(plan.draft)
+            results.append((plan.draft.copy(), plan.weight_ms.copy(), ctl.cut(plan, acc[rows], rows),
+                            ctl.last_expected_kept.copy()))
+        (d1, w1, c1, k1), (d2, w2, c2, k2) = results
+        assert (d1 == d2).all() and np.allclose(w1, w2)
+        assert np.mean(c1 == c2) > 0.95 and np.allclose(k1[c1 == c2], k2[c1 == c2])
+
+
+def test_plans_are_deterministic_and_reused_between_recomputations():
+    keys, out_len, rounds, _ = _batch(64)
+    a, b = _controller(replan_steps=4, always_plan_rows=0), _controller(replan_steps=4, always_plan_rows=0)
+    slots = np.arange(64)
+    for step in range(6):
+        pa = a.plan(keys, out_len + step, rounds + step, None, None, None, slots)
+        pb = b.plan(keys, out_len + step, rounds + step, None, None, None, slots)
+        assert (pa.draft == pb.draft).all() and (pa.weight_ms == pb.weight_ms).all()
+        assert pa.replanned == (step % 4 == 0)
+    # rows leaving renormalise the kept probabilities; a new slot forces a recomputation
+    p = a.plan(keys[:60], out_len[:60], rounds[:60], None, None, None, slots[:60])
+    assert not p.replanned and p.weight_ms.sum() == pytest.approx(7.0)
+    assert a.plan(keys[:60], out_len[:60], rounds[:60], None, None, None, slots[:60] + 100).replanned
+    assert a.stats()["replans"] == 3
+
+
+def test_cut_keeps_no_more_than_the_draft_and_validates():
+    keys, out_len, rounds, acc = _batch(8)
+    ctl = _controller()
+    plan = ctl.plan(keys, out_len, rounds)
+    kept = ctl.cut(plan, acc)
+    assert kept.dtype == np.int32 and ((0 <= kept) & (kept <= (acc > 0).sum(axis=1))).all()
+    with pytest.raises(ValueError, match="one row per drafted row"):
+        ctl.cut(plan, acc[:3])
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        ctl.cut(plan, acc * 2)
