@@ -83,13 +83,22 @@ def test_baselines_run_and_table_prints(jsonl, tmp_path, capsys):
                       "--json", str(out)])
     assert rc == 0
     text = capsys.readouterr().out
-    for name in ("none", "ngram", "suffix", "das+policy", "tok/round"):
+    for name in ("none", "ngram*", "suffix", "das+policy", "tok/rd", "oracle-trim", "oracle-text", "+CPU ms"):
         assert name in text
     data = json.loads(out.read_text())
     by = {r["drafter"]: r for r in data["results"]}
     assert by["none"]["tokens_per_round"] == 1.0
     assert by["suffix"]["tokens_per_round"] > 1.0  # earlier epochs are cached responses
     assert by["das+siblings"]["tokens_per_round"] > 1.0
+    # times without and with the CPU, and the bounds, for every drafter
+    assert by["none"]["cpu_ms"] == 0.0 and by["none"]["time_cpu_ms"] == by["none"]["time_ms"]
+    assert by["suffix"]["cpu_ms"] > 0 and by["suffix"]["time_cpu_ms"] > by["suffix"]["time_ms"]
+    assert by["ngram"]["cpu_representative"] is False
+    rat = data["ratios"]
+    assert rat["oracle-trim"]["bound"] and rat["oracle-text"]["bound"]
+    assert rat["oracle-trim"]["time_ms"] <= by["das+siblings"]["time_ms"]
+    assert rat["oracle-text"]["time_ms"] <= rat["oracle-trim"]["time_ms"]
+    assert rat["none"]["time_cpu_vs_none"] == 1.0
 
 
 def test_prompt_lookup_matches_vllm_semantics():

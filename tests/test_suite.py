@@ -46,7 +46,7 @@ def test_suite_table_json_and_plots(sets, tmp_path, capsys):
                      "--plots", str(tmp_path / "plots")])
     assert rc == 0
     text = capsys.readouterr().out
-    assert "before = das+policy" in text and "synthetic@1" in text
+    assert "default = das+controller" in text and "synthetic@1" in text and "oracle-trim" in text
     payload = json.loads(out.read_text())
     names = [p["name"] for p in payload["points"]]
     assert names == ["packed@1", "packed", "synthetic@1", "synthetic"]
@@ -56,6 +56,16 @@ def test_suite_table_json_and_plots(sets, tmp_path, capsys):
         assert rat["none"]["tail_vs_none"] == 1.0 and rat["suffix"]["tpr_vs_suffix"] == 1.0
         assert min(rat["none"]["time_vs_best"], rat["suffix"]["time_vs_best"]) == pytest.approx(1.0)
         assert rat["das+controller"]["us_per_round"] > 0
+        assert rat["das+controller"]["time_cpu_ms"] > rat["das+controller"]["time_ms"]
+        assert rat["none"]["time_cpu_ms"] == rat["none"]["time_ms"]
+        for bound in ("oracle-trim", "oracle-text"):
+            assert rat[bound]["bound"] and rat[bound]["time_cpu_ms"] == rat[bound]["time_ms"]
+    assert point["bounds"]["trim_steps"] > 0
+    rows = [r for r in payload["summary"] if r["set"] == "synthetic"]
+    assert [r["c_tok"] for r in rows] == [0.025, 0.1]
+    for r in rows:
+        for key in ("time_cpu_vs_none", "time_cpu_vs_best", "gap_to_trim", "tokens_per_round"):
+            assert r[key] == r[key], key  # not nan
     assert len(list((tmp_path / "plots").glob("*.png"))) == 4 * 2
 
 
@@ -71,7 +81,8 @@ def test_cache_reuses_cost_independent_results(sets, tmp_path, monkeypatch):
     args = ["--sets", str(sets / "synthetic.jsonl"), "--drafters", "none,suffix,das+controller", "--cache", str(cache),
             "--json", str(tmp_path / "a.json")]
     assert suite.main(args) == 0
-    assert sorted(p.name.split("-")[2] for p in cache.glob("*.json")) == ["none", "suffix"]
+    # das+siblings is replayed (and cached) for the oracle-trim bound
+    assert sorted(p.name.split("-")[2] for p in cache.glob("*.json")) == ["das+siblings", "none", "suffix"]
     calls = []
     real = suite.simulate
     monkeypatch.setattr(suite, "simulate", lambda d, *a, **k: calls.append(d.name) or real(d, *a, **k))

@@ -32,6 +32,7 @@ CLI::
 
     python -m das_trl.bench.replay --rollouts FILE [--train-epochs 0,1,2] [--eval-epoch 3]
         [--drafters none,ngram,suffix,das+policy] [--json OUT] [--plots DIR]
+        [--host-speed 1] [--draft-threads N] [--async-off-ms 0]
 """
 
 from __future__ import annotations
@@ -46,7 +47,36 @@ from das_trl.bench.drafters import ALL_DRAFTERS, DEFAULT_DRAFTERS, controller_co
 from das_trl.bench.drafters.suffix import SUFFIX_DEFAULTS
 from das_trl.bench.report import format_table, format_tiers, write_plots, write_replay_json
 from das_trl.bench.sets import load_epochs, split_epochs
-from das_trl.bench.simulation import simulate
+from das_trl.bench.simulation import Bounds, simulate
+
+
+#: A public measurement of what vLLM's async scheduling saves per engine step, to report beside the default 0
+#: (docs/benchmarks.md, "What the engine waits for"): vLLM PR #25872 (EAGLE3 + async scheduling, Llama-3.1-8B on
+#: an L20, concurrency 1): mean inter-token latency 28.14 -> 27.17 ms, i.e. about 1 ms per engine step.
+ASYNC_OFF_MS_REFERENCE = 1.0
+
+
+def add_cpu_args(p: argparse.ArgumentParser) -> None:
+    """The knobs of the proposer's CPU in the time with the CPU (shared by ``bench replay`` and ``bench suite``)."""
+    g = p.add_argument_group("proposer CPU (the time with the CPU: c_base * steps + c_tok * verified tokens + "
+                             "proposer CPU / host speed + async-off charge)")
+    g.add_argument("--host-speed", type=_positive, default=1.0,
+                   help="how much faster the target host's CPU runs the proposer than this machine: the measured "
+                        "CPU time is divided by it (1 = this machine; default %(default)s)")
+    g.add_argument("--draft-threads", type=int, default=None,
+                   help="run the DAS drafter with this many drafting threads (DrafterConfig.draft_threads; default "
+                        "1) and, when > 1, time its calls by the wall clock (thread CPU time would miss the workers)")
+    g.add_argument("--async-off-ms", type=float, default=0.0,
+                   help="ms charged per engine step to every speculative method (not none): vLLM runs a custom "
+                        "drafter with async scheduling off (default %(default)s; a public vLLM measurement puts the "
+                        f"saving near {ASYNC_OFF_MS_REFERENCE:g} ms per step: PR #25872, see docs/benchmarks.md)")
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -70,6 +100,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "the replayed epoch with nothing learned from verification)")
     p.add_argument("--json", default=None, help="write results to this JSON file")
     p.add_argument("--plots", default=None, help="write PNG plots into this directory")
+    add_cpu_args(p)
     return p.parse_args(argv)
 
 
@@ -88,17 +119,24 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{sum(len(r.completion_ids) for r in evals)} tokens); cost model {args.c_base} ms + {args.c_tok} ms/token")
     results = []
     for name in names:
-        res = simulate(make_drafter(name, ngram, pc, das_ov, cc), train, evals, args.c_base, args.c_tok,
-                       warmup=not args.no_warmup)
+        res = simulate(make_drafter(name, ngram, pc, das_ov, cc, args.draft_threads), train, evals, args.c_base,
+                       args.c_tok, warmup=not args.no_warmup)
         results.append(res)
-    print(format_table(results))
+    # oracle-trim cuts das+siblings' drafts: replayed for the bound when it is not among the drafters.
+    sib = next((r for r in results if r.name == "das+siblings"), None)
+    if sib is None:
+        sib = simulate(make_drafter("das+siblings", ngram, pc, das_ov, cc, args.draft_threads), train, evals,
+                       args.c_base, args.c_tok, warmup=not args.no_warmup)
+    bounds = Bounds.of(sib, [len(r.completion_ids) for r in evals])
+    print(format_table(results, args.c_base, args.c_tok, args.host_speed, args.async_off_ms, bounds))
     print(format_tiers(results))
     if args.json:
         write_replay_json(args.json, {"rollouts": str(args.rollouts), "train_epochs": tr, "eval_epoch": ev,
                                       "c_base_ms": args.c_base, "c_tok_ms": args.c_tok, "ngram": list(ngram),
                                       "warmup": not args.no_warmup and len(train) >= 2, "policy": pc.to_dict(),
                                       "das_config_overrides": das_ov, "controller": cc.to_dict(),
-                                      "suffix": SUFFIX_DEFAULTS}, results)
+                                      "suffix": SUFFIX_DEFAULTS, "draft_threads": args.draft_threads or 1},
+                          results, args.c_base, args.c_tok, args.host_speed, args.async_off_ms, bounds)
         print(f"wrote {args.json}")
     if args.plots:
         hist_lengths = [len(r.completion_ids) for recs in train for r in recs]

@@ -2,33 +2,35 @@
 (``das-trl bench suite``). A new metric is a field of :class:`~das_trl.bench.simulation.ReplayResult` plus a column
 here.
 
-Replay table: per drafter, tokens per verification round (emitted tokens / request-rounds) and its ratio to
-``suffix``, verification (draft) tokens per accepted draft token, forward passes per request (mean), tail forward
-passes (the most any request needed = the batch's step count) and its ratio to ``none``, the simulated rollout time
-(ms) and the speedup over ``none``; then tokens per round by length tier.
+Table (:func:`format_table`; one per replay, one per suite point and cost model): per drafter and for the two bounds
+(``oracle-trim``, ``oracle-text``: :class:`~das_trl.bench.simulation.Bounds`), tokens per verification round
+(emitted tokens / request-rounds) and vs ``suffix``, tail steps (the batch's step count) and vs ``none``, the
+cost-model time without the CPU (vs ``none``, vs the better of ``none`` and ``suffix``), the proposer's CPU per
+engine step (ms) and per request-round (us), and the time with the CPU (vs ``none``, vs the better of ``none`` and
+``suffix``, each with its own CPU). The replay adds tokens per round by length tier.
 
-Suite table: per replay point, drafter and cost model, ``tok/round vs suffix``, ``tail vs none``, ``time vs best``
-(cost-model time relative to the better of ``none`` and ``suffix``) and the drafter's own CPU time per request-round
-(``us/req-round``, and ``vs suffix``); then one summary line per point, before (:data:`BEFORE`) -> after
-(:data:`AFTER`).
+Suite summary (:func:`format_summary`): per replay point and cost model, the trainer default's (:data:`DEFAULT`)
+time with the CPU vs ``none`` and vs the better of ``none`` and ``suffix``, its gap to ``oracle-trim``, the bounds vs
+that best, tokens per round and its CPU.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from das_trl.bench.simulation import ReplayResult
+from das_trl.bench.simulation import Bounds, ReplayResult
 
 if TYPE_CHECKING:
     from das_trl.bench.suite import Point
 
-#: What the trainer ran by default before the controller (``tiers``) and what it runs now.
-BEFORE, AFTER = "das+policy", "das+controller"
+#: The trainer default (the suite summary's drafter).
+DEFAULT = "das+controller"
 
 
 # ---------------------------------------------------------------------------- one replay
@@ -54,19 +56,30 @@ def tier_tokens_per_round(res: ReplayResult) -> dict[str, float]:
     return out
 
 
-def format_table(results: Sequence[ReplayResult], baseline: str = "none", reference: str = "suffix") -> str:
-    base = next((r for r in results if r.name == baseline), None)
-    ref = next((r for r in results if r.name == reference), None)
-    head = (f"{'drafter':<14}{'tok/round':>10}{'vs suffix':>10}{'draft/acc':>10}{'passes/req':>11}"
-            f"{'tail':>7}{'tail/none':>10}{'sim ms':>10}{'speedup':>9}")
-    lines = [head, "-" * len(head)]
-    for r in results:
-        vs = f"{r.tokens_per_round / ref.tokens_per_round:.2f}x" if ref else "-"
-        dpa = f"{r.draft_per_accepted:.2f}" if not math.isnan(r.draft_per_accepted) else "-"
-        tail = f"{r.steps / base.steps:.2f}" if base else "-"
-        sp = f"{base.sim_time_ms / r.sim_time_ms:.2f}x" if base else "-"
-        lines.append(f"{r.name:<14}{r.tokens_per_round:>10.3f}{vs:>10}{dpa:>10}{r.mean_passes:>11.1f}"
-                     f"{r.steps:>7d}{tail:>10}{r.sim_time_ms:>10.0f}{sp:>9}")
+def format_table(results: Sequence[ReplayResult], c_base: float = 7.0, c_tok: float = 0.025,
+                 host_speed: float = 1.0, async_off_ms: float = 0.0, bounds: Bounds | None = None) -> str:
+    """Per drafter (then the bounds): tokens per round (and vs ``suffix``), tail steps (and vs ``none``), the
+    cost-model time without the CPU (ms, vs ``none``, vs the better of ``none`` and ``suffix``), the proposer's CPU
+    per engine step (ms) and per request-round (us), and the time with the CPU (ms, vs ``none`` and vs the better of
+    ``none`` and ``suffix``, each with its own CPU). ``*``: CPU measured but not representative (``ngram``)."""
+    rat = ratios(results, c_base, c_tok, host_speed, async_off_ms, bounds)
+    head = (f"{'drafter':<16}{'tok/rd':>7}{'vs sfx':>7}{'tail':>6}{'vs none':>8}{'time ms':>10}{'vs none':>8}"
+            f"{'vs best':>8}{'CPU ms/st':>10}{'us/req-rd':>10}{'+CPU ms':>10}{'vs none':>8}{'vs best':>8}")
+    lines = [f"{'':<44}|{'without CPU':^26}|{'proposer CPU':^20}|{'with CPU':^26}", head, "-" * len(head)]
+    flagged = False
+    for name, x in rat.items():
+        bound = x.get("bound", False)
+        star = "" if x.get("cpu_representative", True) else "*"
+        flagged |= bool(star)
+        cpu = (f"{'-':>10}{'-':>10}" if bound else f"{x['cpu_ms_per_step']:>10.3f}{x['cpu_us_per_round']:>10.2f}")
+        lines.append(f"{(name + star):<16}{x['tokens_per_round']:>7.3f}{_x(x['tpr_vs_suffix'], 7)}{x['tail']:>6d}"
+                     f"{_f(x['tail_vs_none'], 8)}{x['time_ms']:>10.0f}{_f(x['time_vs_none'], 8, 3)}"
+                     f"{_f(x['time_vs_best'], 8, 3)}{cpu}{x['time_cpu_ms']:>10.0f}{_f(x['time_cpu_vs_none'], 8, 3)}"
+                     f"{_f(x['time_cpu_vs_best'], 8, 3)}")
+    lines.append(f"cost model {c_base} ms + {c_tok} ms/token; CPU: this machine's thread CPU time / host speed "
+                 f"{host_speed:g}, async-off charge {async_off_ms:g} ms/step (speculative methods); bounds: no CPU")
+    if flagged:
+        lines.append("* CPU measured but not representative (vLLM's ngram is a numba kernel)")
     return "\n".join(lines)
 
 
@@ -132,93 +145,144 @@ def format_tiers(results: Sequence[ReplayResult]) -> str:
     return "\n".join(lines)
 
 
-def write_replay_json(path: str | Path, settings: dict, results: Sequence[ReplayResult]) -> None:
-    """Write one replay's ``settings`` and every result (summary and length tiers) as JSON."""
+def write_replay_json(path: str | Path, settings: dict, results: Sequence[ReplayResult], c_base: float = 7.0,
+                      c_tok: float = 0.025, host_speed: float = 1.0, async_off_ms: float = 0.0,
+                      bounds: Bounds | None = None) -> None:
+    """Write one replay's ``settings``, every result (summary with the times without and with the CPU, length
+    tiers), the ratios table (bounds included) and the bounds' counts as JSON."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    payload = dict(settings, results=[dict(r.summary(), tiers=tier_tokens_per_round(r)) for r in results])
+    payload = dict(settings, host_speed=host_speed, async_off_ms=async_off_ms,
+                   results=[dict(r.summary(c_base, c_tok, host_speed, async_off_ms), tiers=tier_tokens_per_round(r))
+                            for r in results],
+                   ratios=ratios(results, c_base, c_tok, host_speed, async_off_ms, bounds),
+                   bounds=asdict(bounds) if bounds is not None else None)
     Path(path).write_text(json.dumps(payload, indent=2, default=float))
 
 
 # ---------------------------------------------------------------------------- a suite of replays
-def ratios(results: Sequence[ReplayResult], c_base: float, c_tok: float) -> dict[str, dict[str, float]]:
-    """Per drafter: ``tpr_vs_suffix``, ``tail_vs_none``, ``time_vs_best`` (better of none and suffix),
-    ``time_ms``, ``us_per_round`` and ``us_vs_suffix`` (nan where a reference drafter is missing)."""
+def ratios(results: Sequence[ReplayResult], c_base: float, c_tok: float, host_speed: float = 1.0,
+           async_off_ms: float = 0.0, bounds: Bounds | None = None) -> dict[str, dict[str, float]]:
+    """Per drafter (and, with ``bounds``, ``oracle-trim`` / ``oracle-text``): ``tokens_per_round``,
+    ``tpr_vs_suffix``, ``tail`` (steps), ``tail_vs_none``; without the CPU ``time_ms``, ``time_vs_none``,
+    ``time_vs_best`` (the better of none and suffix); the proposer's CPU ``cpu_ms`` (critical path, scaled by
+    ``host_speed``), ``cpu_ms_per_step``, ``cpu_us_per_round``, ``us_per_round`` (measured, unscaled) and
+    ``us_vs_suffix``; with the CPU (and ``async_off_ms`` per step for speculative methods) ``time_cpu_ms``,
+    ``time_cpu_vs_none``, ``time_cpu_vs_best`` (each reference with its own CPU). nan where a reference is
+    missing. Bounds carry ``bound: True`` and no CPU."""
     by = {r.name: r for r in results}
     none, suffix = by.get("none"), by.get("suffix")
-    refs = [r.time_at(c_base, c_tok) for r in (none, suffix) if r is not None]
-    best = min(refs) if refs else math.nan
+    refs = [r for r in (none, suffix) if r is not None]
+    best = min((r.time_at(c_base, c_tok) for r in refs), default=math.nan)
+    best_cpu = min((r.time_with_cpu(c_base, c_tok, host_speed, async_off_ms) for r in refs), default=math.nan)
+    none_t = none.time_at(c_base, c_tok) if none else math.nan
+    none_cpu = none.time_with_cpu(c_base, c_tok, host_speed, async_off_ms) if none else math.nan
     sfx_us = 1e6 * suffix.drafter_seconds / max(1, suffix.rounds) if suffix else math.nan
-    out = {}
+    sfx_tpr = suffix.tokens_per_round if suffix else math.nan
+    out: dict[str, dict] = {}
     for r in results:
         us = 1e6 * r.drafter_seconds / max(1, r.rounds)
         t = r.time_at(c_base, c_tok)
-        out[r.name] = {"tokens_per_round": r.tokens_per_round,
-                       "tpr_vs_suffix": r.tokens_per_round / suffix.tokens_per_round if suffix else math.nan,
+        cpu = r.cpu_ms(c_base, c_tok, host_speed)
+        tc = r.time_with_cpu(c_base, c_tok, host_speed, async_off_ms)
+        out[r.name] = {"tokens_per_round": r.tokens_per_round, "tpr_vs_suffix": r.tokens_per_round / sfx_tpr,
                        "tail": r.steps, "tail_vs_none": r.steps / none.steps if none else math.nan,
-                       "time_ms": t, "time_vs_best": t / best, "us_per_round": us,
-                       "us_vs_suffix": us / sfx_us if sfx_us > 0 else math.nan}
+                       "time_ms": t, "time_vs_none": t / none_t, "time_vs_best": t / best,
+                       "cpu_ms": cpu, "cpu_ms_per_step": cpu / max(1, r.steps),
+                       "cpu_us_per_round": 1000.0 * cpu / max(1, r.rounds), "us_per_round": us,
+                       "us_vs_suffix": us / sfx_us if sfx_us > 0 else math.nan,
+                       "time_cpu_ms": tc, "time_cpu_vs_none": tc / none_cpu, "time_cpu_vs_best": tc / best_cpu,
+                       "cpu_representative": r.cpu_representative, "bound": False}
+    if bounds is not None:
+        for name, t, tpr, steps in (("oracle-trim", bounds.trim_time(c_base, c_tok), bounds.trim_tokens_per_round,
+                                     bounds.trim_steps),
+                                    ("oracle-text", bounds.text_time(c_base, c_tok), bounds.text_tokens_per_round,
+                                     bounds.text_steps)):
+            out[name] = {"tokens_per_round": tpr, "tpr_vs_suffix": tpr / sfx_tpr, "tail": steps,
+                         "tail_vs_none": steps / none.steps if none else math.nan, "time_ms": t,
+                         "time_vs_none": t / none_t, "time_vs_best": t / best, "cpu_ms": 0.0,
+                         "cpu_ms_per_step": 0.0, "cpu_us_per_round": 0.0, "us_per_round": 0.0,
+                         "us_vs_suffix": math.nan, "time_cpu_ms": t, "time_cpu_vs_none": t / none_cpu,
+                         "time_cpu_vs_best": t / best_cpu, "cpu_representative": True, "bound": True}
     return out
 
 
-def format_point(point: Point, c_base: float, c_tok: float) -> str:
-    """The table block of one replay point under one cost model."""
-    res = point.results[c_tok]
-    rat = ratios(res, c_base, c_tok)
-    head = (f"{'drafter':<16}{'tok/round':>10}{'vs suffix':>10}{'tail':>7}{'vs none':>8}{'time ms':>10}"
-            f"{'vs best':>8}{'us/req-rd':>10}{'vs suffix':>10}")
-    lines = [f"{point.name}: {point.requests} requests, {point.problems} problems, {point.tokens} tokens, replaying "
-             f"appearance {point.eval_epoch} after {len(point.history_epochs)}; cost model {c_base} ms + {c_tok} "
-             f"ms/token", head, "-" * len(head)]
-    for r in res:
-        x = rat[r.name]
-        lines.append(f"{r.name:<16}{x['tokens_per_round']:>10.3f}{_x(x['tpr_vs_suffix'])}{x['tail']:>7d}"
-                     f"{_f(x['tail_vs_none'], 8)}{x['time_ms']:>10.0f}{_f(x['time_vs_best'], 8)}"
-                     f"{x['us_per_round']:>10.1f}{_x(x['us_vs_suffix'])}")
-    return "\n".join(lines)
+def format_point(point: Point, c_base: float, c_tok: float, host_speed: float = 1.0,
+                 async_off_ms: float = 0.0) -> str:
+    """The table block of one replay point under one cost model (:func:`format_table` with the point's bounds)."""
+    return (f"{point.name}: {point.requests} requests, {point.problems} problems, {point.tokens} tokens, replaying "
+            f"appearance {point.eval_epoch} after {len(point.history_epochs)}\n"
+            + format_table(point.results[c_tok], c_base, c_tok, host_speed, async_off_ms, point.bounds))
 
 
-def format_summary(points: Sequence[Point], c_base: float, c_toks: Sequence[float]) -> str:
-    """One line per replay point and cost model: suffix's tokens/round, then before (``das+policy``, the old
-    default) -> after (``das+controller``) for the four ratios."""
-    head = (f"{'set':<34}{'c_tok':>6}{'suffix t/r':>11}  {'t/r vs suffix':>14}  {'tail vs none':>13}  "
-            f"{'time vs best':>13}  {'us vs suffix':>13}")
-    lines = [f"before = {BEFORE} (old trainer default, tiers) -> after = {AFTER} (new default)", head,
-             "-" * len(head)]
+def summary_rows(points: Sequence[Point], c_base: float, c_toks: Sequence[float], host_speed: float = 1.0,
+                 async_off_ms: float = 0.0, default: str = DEFAULT) -> list[dict]:
+    """One row per replay point and cost model for the trainer default: ``time_cpu_vs_none``, ``time_cpu_vs_best``
+    (the better of none and suffix, each with its own CPU), ``time_vs_best`` (all without the CPU),
+    ``gap_to_trim`` (default with CPU / oracle-trim - 1), ``trim_vs_best`` / ``text_vs_best`` (the bounds / best
+    with CPU), ``tokens_per_round``, ``cpu_ms_per_step``, ``cpu_us_per_round``."""
+    rows = []
     for c_tok in c_toks:
         for p in points:
-            rat = ratios(p.results[c_tok], c_base, c_tok)
-            b, a, s = rat.get(BEFORE), rat.get(AFTER), rat.get("suffix")
-            cells = []
-            for key, fmt in (("tpr_vs_suffix", "{:.2f}x"), ("tail_vs_none", "{:.2f}"), ("time_vs_best", "{:.3f}"),
-                             ("us_vs_suffix", "{:.1f}x")):
-                before = fmt.format(b[key]) if b else "-"
-                after = fmt.format(a[key]) if a else "-"
-                cells.append(f"{before + ' > ' + after:>14}")
-            lines.append(f"{p.name:<34}{c_tok:>6}{(s['tokens_per_round'] if s else math.nan):>11.3f}  "
-                         + "  ".join(cells))
+            rat = ratios(p.results[c_tok], c_base, c_tok, host_speed, async_off_ms, p.bounds)
+            a = rat.get(default)
+            nan = math.nan
+            trim, text = rat.get("oracle-trim"), rat.get("oracle-text")
+            rows.append({"set": p.name, "c_tok": c_tok, "requests": p.requests,
+                         "tokens_per_round": a["tokens_per_round"] if a else nan,
+                         "time_cpu_vs_none": a["time_cpu_vs_none"] if a else nan,
+                         "time_cpu_vs_best": a["time_cpu_vs_best"] if a else nan,
+                         "time_vs_best": a["time_vs_best"] if a else nan,
+                         "gap_to_trim": a["time_cpu_ms"] / trim["time_ms"] - 1.0 if a and trim else nan,
+                         "trim_vs_best": trim["time_cpu_vs_best"] if trim else nan,
+                         "text_vs_best": text["time_cpu_vs_best"] if text else nan,
+                         "cpu_ms_per_step": a["cpu_ms_per_step"] if a else nan,
+                         "cpu_us_per_round": a["cpu_us_per_round"] if a else nan})
+    return rows
+
+
+def format_summary(points: Sequence[Point], c_base: float, c_toks: Sequence[float], host_speed: float = 1.0,
+                   async_off_ms: float = 0.0, default: str = DEFAULT) -> str:
+    """One line per replay point and cost model for the trainer default (:func:`summary_rows`)."""
+    head = (f"{'set':<34}{'c_tok':>6}{'req':>5}{'tok/rd':>8}{'+CPU/none':>10}{'+CPU/best':>10}{'noCPU/best':>11}"
+            f"{'gap trim':>9}{'trim/best':>10}{'text/best':>10}{'CPU ms/st':>10}{'us/req-rd':>10}")
+    lines = [f"default = {default}; time with the proposer's CPU (host speed {host_speed:g}, async-off "
+             f"{async_off_ms:g} ms/step) vs none and vs the better of none and suffix (each with its own CPU); "
+             f"gap trim = default with CPU / oracle-trim - 1", head, "-" * len(head)]
+    for r in summary_rows(points, c_base, c_toks, host_speed, async_off_ms, default):
+        lines.append(f"{r['set']:<34}{r['c_tok']:>6}{r['requests']:>5}{r['tokens_per_round']:>8.3f}"
+                     f"{_f(r['time_cpu_vs_none'], 10, 3)}{_f(r['time_cpu_vs_best'], 10, 3)}"
+                     f"{_f(r['time_vs_best'], 11, 3)}{_pct(r['gap_to_trim'], 9)}{_f(r['trim_vs_best'], 10, 3)}"
+                     f"{_f(r['text_vs_best'], 10, 3)}{_f(r['cpu_ms_per_step'], 10, 3)}"
+                     f"{_f(r['cpu_us_per_round'], 10, 2)}")
     return "\n".join(lines)
+
+
+def _pct(v: float, w: int) -> str:
+    return f"{100 * v:>{w - 1}.1f}%" if math.isfinite(v) else f"{'-':>{w}}"
 
 
 def _x(v: float, w: int = 10) -> str:
     return f"{v:>{w - 1}.2f}x" if math.isfinite(v) else f"{'-':>{w}}"
 
 
-def _f(v: float, w: int) -> str:
-    return f"{v:>{w}.2f}" if math.isfinite(v) else f"{'-':>{w}}"
+def _f(v: float, w: int, digits: int = 2) -> str:
+    return f"{v:>{w}.{digits}f}" if math.isfinite(v) else f"{'-':>{w}}"
 
 
-def write_plot(point: Point, c_base: float, c_tok: float, outdir: Path) -> str:
-    """One PNG per replay point and cost model: running requests over cost-model time (none, suffix, before, after)
-    and the four ratios per drafter."""
+def write_plot(point: Point, c_base: float, c_tok: float, outdir: Path, host_speed: float = 1.0,
+               async_off_ms: float = 0.0) -> str:
+    """One PNG per replay point and cost model: running requests over cost-model time (none, suffix, das+policy,
+    the default) and, per drafter and bound, tokens per round vs suffix, tail vs none, and the time without / with
+    the CPU vs the better of none and suffix."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     res = point.results[c_tok]
-    rat = ratios(res, c_base, c_tok)
+    rat = ratios(res, c_base, c_tok, host_speed, async_off_ms, point.bounds)
     fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(12, 4.2))
     for r in res:
-        if r.name in ("none", "suffix", BEFORE, AFTER):
+        if r.name in ("none", "suffix", "das+policy", DEFAULT):
             t, b = zip(*r.batch_trace)
             # batch_trace was taken under the replay's own cost model; rescale to this one by steps and tokens.
             scale = r.time_at(c_base, c_tok) / max(r.sim_time_ms, 1e-9)
@@ -228,12 +292,12 @@ def write_plot(point: Point, c_base: float, c_tok: float, outdir: Path) -> str:
     ax0.set_title(f"{point.name}: batch drain")
     ax0.legend(fontsize=8)
     keys = [("tpr_vs_suffix", "tok/round\nvs suffix"), ("tail_vs_none", "tail\nvs none"),
-            ("time_vs_best", "time vs best of\nnone, suffix"), ("us_vs_suffix", "drafter us\nvs suffix")]
-    width = 0.8 / max(1, len(res))
-    for j, r in enumerate(res):
-        vals = [rat[r.name][k] for k, _ in keys]
+            ("time_vs_best", "time vs best,\nno CPU"), ("time_cpu_vs_best", "time vs best,\nwith CPU")]
+    width = 0.8 / max(1, len(rat))
+    for j, (name, x) in enumerate(rat.items()):
+        vals = [x[k] for k, _ in keys]
         vals = [min(v, 4.0) if math.isfinite(v) else 0.0 for v in vals]
-        ax1.bar(np.arange(len(keys)) + j * width, vals, width, label=r.name)
+        ax1.bar(np.arange(len(keys)) + j * width, vals, width, label=name)
     ax1.axhline(1.0, color="k", lw=0.8)
     ax1.set_xticks(np.arange(len(keys)) + 0.4 - width / 2, [label for _, label in keys], fontsize=8)
     ax1.set_title(f"ratios (cost model {c_base} ms + {c_tok} ms/token; clipped at 4)")
@@ -247,13 +311,21 @@ def write_plot(point: Point, c_base: float, c_tok: float, outdir: Path) -> str:
 
 
 def write_suite_json(path: str | Path, settings: dict, points: Sequence[Point], c_base: float,
-                     c_toks: Sequence[float]) -> None:
-    """Write a suite's ``settings`` and, per replay point and cost model, the ratios and every result as JSON."""
-    payload = dict(settings, points=[{"name": p.name, "path": p.path, "eval_epoch": p.eval_epoch,
-                                      "history_epochs": p.history_epochs, "requests": p.requests,
-                                      "problems": p.problems, "tokens": p.tokens,
-                                      "by_c_tok": {str(c): {"ratios": ratios(p.results[c], c_base, c),
-                                                            "results": [r.summary() for r in p.results[c]]}
-                                                   for c in c_toks}} for p in points])
+                     c_toks: Sequence[float], host_speed: float = 1.0, async_off_ms: float = 0.0) -> None:
+    """Write a suite's ``settings``, its summary rows (:func:`summary_rows`) and, per replay point and cost model,
+    the ratios (bounds included), every result's summary with its times with and without the CPU, and the bounds'
+    counts, as JSON."""
+    def point(p: Point) -> dict:
+        return {"name": p.name, "path": p.path, "eval_epoch": p.eval_epoch, "history_epochs": p.history_epochs,
+                "requests": p.requests, "problems": p.problems, "tokens": p.tokens,
+                "bounds": asdict(p.bounds) if p.bounds is not None else None,
+                "by_c_tok": {str(c): {"ratios": ratios(p.results[c], c_base, c, host_speed, async_off_ms, p.bounds),
+                                      "results": [r.summary(c_base, c, host_speed, async_off_ms)
+                                                  for r in p.results[c]]}
+                             for c in c_toks}}
+
+    payload = dict(settings, host_speed=host_speed, async_off_ms=async_off_ms,
+                   summary=summary_rows(points, c_base, c_toks, host_speed, async_off_ms),
+                   points=[point(p) for p in points])
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(payload, indent=2, default=float))

@@ -8,8 +8,25 @@ responses). A step costs ``t_fwd = c_base + c_tok * tokens_in_pass`` (ms; tokens
 tokens); the batch drains as requests finish. Warm-up (:func:`simulate`'s ``warmup``): the drafter first serves the
 last history epoch the same way, which then becomes history, as in a live run; only the replayed epoch is measured.
 
-The drafter's own CPU time (:attr:`ReplayResult.drafter_seconds`) is measured around its calls; building the
-contexts an engine would hold in place is not counted.
+**What the engine waits for.** vLLM runs a ``custom_class`` proposer synchronously after every engine step (async
+scheduling off), so the proposer's CPU time is added to every step. Each drafter times exactly the calls the live
+proposer makes, per engine step, with a :class:`Stopwatch` the simulation hands it (``Drafter.watch``): DAS, the
+:class:`~das_trl.vllm.speculator.Speculator`'s ``start`` / ``step`` / ``finish`` (``das+controller``) or the
+drafter's own calls (the other variants); ``suffix``, its per-step cache calls; ``none``, nothing. Building the arrays
+an engine holds in place (vLLM's ``token_ids_cpu``, ``num_tokens``) is the replay's cost and is not timed. The
+clock is the calling thread's CPU time (:data:`cpu_clock`, ``time.thread_time``): this machine is shared and its
+wall time is noisy; a drafter with several drafting threads is timed by the wall clock (:data:`wall_clock`), since
+thread time would miss the workers. Work the native drafter leaves to its ingest thread in a step where no row
+drafts overlaps the engine's forward pass: it is measured per step (``background_seconds``) and only what exceeds
+that step's forward time is charged (:meth:`ReplayResult.cpu_ms`).
+
+Time with the CPU (:meth:`ReplayResult.time_with_cpu`)::
+
+    c_base * steps + c_tok * verified tokens + proposer CPU / host_speed (+ async_off_ms * steps, speculative only)
+
+Bounds (:class:`Bounds`): ``oracle-trim`` (``das+siblings``' drafts, made to the hard cap every step, each cut to
+exactly its accepted tokens: no waste, no CPU) and ``oracle-text`` (the true continuation at the draft cap K = 16:
+each round emits ``min(K + 1, remaining)`` tokens; analytic; no CPU).
 """
 
 from __future__ import annotations
@@ -17,19 +34,56 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from das_trl.bench.drafters import Drafter
 from das_trl.drafter.rollout_log import RolloutRecord
 
+#: The clock a replay times the proposer's calls with (seconds of this thread's CPU time); tests replace it.
+cpu_clock: Callable[[], float] = time.thread_time
+#: The clock for drafters with several drafting threads (thread time would miss the workers).
+wall_clock: Callable[[], float] = time.perf_counter
+
+#: The draft cap of the ``oracle-text`` bound (the product's ``das_num_speculative_tokens``).
+ORACLE_K = 16
+
+
+class Stopwatch:
+    """Accumulates the time spent inside ``with watch:`` blocks (seconds, by ``clock``) until :meth:`take`.
+
+    ``background`` accumulates work that overlaps the engine's forward pass (:meth:`add_background`)."""
+
+    def __init__(self, clock: Callable[[], float] | None = None) -> None:
+        self.clock = clock if clock is not None else cpu_clock
+        self.seconds = 0.0
+        self.background = 0.0
+        self._t0 = 0.0
+
+    def __enter__(self) -> "Stopwatch":
+        self._t0 = self.clock()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.seconds += self.clock() - self._t0
+
+    def add_background(self, seconds: float) -> None:
+        self.background += max(0.0, float(seconds))
+
+    def take(self) -> tuple[float, float]:
+        """``(critical seconds, background seconds)`` since the last take; both restart at 0."""
+        out = (self.seconds, self.background)
+        self.seconds = self.background = 0.0
+        return out
+
 
 @dataclass
 class ReplayResult:
     """One drafter's replay of one batch. Counts are tokens, requests, rounds (one verification round = one request
-    in one forward pass) and engine steps; ``sim_time_ms`` is the cost-model time (ms); ``drafter_seconds`` the
-    drafter's own CPU time on this machine (s), the only figure that varies from run to run."""
+    in one forward pass) and engine steps; ``sim_time_ms`` is the cost-model time (ms) without the CPU; per step:
+    ``step_tokens`` (tokens in its forward pass), ``proposer_seconds`` (the proposer's calls on the critical path)
+    and ``background_seconds`` (its ingest overlapping the forward pass). Measured times vary from run to run."""
 
     name: str
     requests: int
@@ -42,7 +96,14 @@ class ReplayResult:
     passes: list[int] = field(repr=False, default_factory=list)    # per request
     lengths: list[int] = field(repr=False, default_factory=list)   # per request
     batch_trace: list[tuple[float, int]] = field(repr=False, default_factory=list)  # (t_ms at step start, running)
-    drafter_seconds: float = 0.0
+    drafter_seconds: float = 0.0     # sum of proposer_seconds
+    step_tokens: list[int] = field(repr=False, default_factory=list)
+    proposer_seconds: list[float] = field(repr=False, default_factory=list)
+    background_seconds: list[float] = field(repr=False, default_factory=list)
+    speculative: bool = True         # pays the async-scheduling charge (every method but ``none``)
+    cpu_clock: str = "thread"        # "thread" (CPU time of the calling thread), "wall" or "none"
+    cpu_representative: bool = True  # False: the replay's implementation is not what the engine runs (ngram)
+    counters: dict = field(repr=False, default_factory=dict)  # drafter-specific (the Speculator's counters)
 
     @property
     def tokens_per_round(self) -> float:
@@ -53,21 +114,88 @@ class ReplayResult:
         return self.draft_tokens / self.accepted_tokens if self.accepted_tokens else math.nan
 
     def time_at(self, c_base: float, c_tok: float) -> float:
-        """Cost-model time (ms) of the same replay under another cost model: every step costs ``c_base`` and every
+        """Cost-model time (ms) without the CPU under another cost model: every step costs ``c_base`` and every
         verified token (one per request-round plus the draft tokens) ``c_tok``. Exact for drafters whose drafts do
         not depend on the cost model (all but ``das+cost`` and ``das+controller``)."""
         return c_base * self.steps + c_tok * (self.rounds + self.draft_tokens)
+
+    def cpu_ms(self, c_base: float, c_tok: float, host_speed: float = 1.0) -> float:
+        """The proposer's time on the critical path (ms): its calls' time / ``host_speed``, plus, per step, the
+        background ingest beyond that step's forward pass (``c_base + c_tok * step_tokens``)."""
+        if not self.proposer_seconds:
+            return 0.0
+        hs = float(host_speed)
+        crit = 1000.0 * float(np.sum(self.proposer_seconds)) / hs
+        if self.background_seconds and any(self.background_seconds):
+            bg = 1000.0 * np.asarray(self.background_seconds, np.float64) / hs
+            fwd = c_base + c_tok * np.asarray(self.step_tokens, np.float64)
+            crit += float(np.maximum(0.0, bg - fwd).sum())
+        return crit
+
+    def time_with_cpu(self, c_base: float, c_tok: float, host_speed: float = 1.0, async_off_ms: float = 0.0) -> float:
+        """Cost-model time (ms) plus the proposer's critical-path CPU (:meth:`cpu_ms`) plus, for a speculative
+        method, ``async_off_ms`` per engine step (vLLM runs it with async scheduling off)."""
+        extra = async_off_ms * self.steps if self.speculative else 0.0
+        return self.time_at(c_base, c_tok) + self.cpu_ms(c_base, c_tok, host_speed) + extra
 
     @property
     def mean_passes(self) -> float:
         return float(np.mean(self.passes)) if self.passes else 0.0
 
-    def summary(self) -> dict:
-        return {"drafter": self.name, "requests": self.requests, "tokens": self.tokens, "rounds": self.rounds,
-                "tokens_per_round": self.tokens_per_round, "draft_tokens": self.draft_tokens,
-                "accepted_tokens": self.accepted_tokens, "draft_per_accepted": self.draft_per_accepted,
-                "mean_passes": self.mean_passes, "tail_passes": self.steps, "sim_time_ms": self.sim_time_ms,
-                "drafter_seconds": self.drafter_seconds}
+    def summary(self, c_base: float | None = None, c_tok: float | None = None, host_speed: float = 1.0,
+                async_off_ms: float = 0.0) -> dict:
+        """The result's counts and times; with a cost model, also the times with the CPU (ms) and the CPU per step
+        (ms) and per request-round (us)."""
+        out = {"drafter": self.name, "requests": self.requests, "tokens": self.tokens, "rounds": self.rounds,
+               "tokens_per_round": self.tokens_per_round, "draft_tokens": self.draft_tokens,
+               "accepted_tokens": self.accepted_tokens, "draft_per_accepted": self.draft_per_accepted,
+               "mean_passes": self.mean_passes, "tail_passes": self.steps, "sim_time_ms": self.sim_time_ms,
+               "drafter_seconds": self.drafter_seconds, "background_seconds": float(np.sum(self.background_seconds)),
+               "speculative": self.speculative, "cpu_clock": self.cpu_clock,
+               "cpu_representative": self.cpu_representative, "counters": self.counters}
+        if c_base is not None and c_tok is not None:
+            cpu = self.cpu_ms(c_base, c_tok, host_speed)
+            out.update(time_ms=self.time_at(c_base, c_tok),
+                       time_cpu_ms=self.time_with_cpu(c_base, c_tok, host_speed, async_off_ms), cpu_ms=cpu,
+                       cpu_ms_per_step=cpu / max(1, self.steps), cpu_us_per_round=1000.0 * cpu / max(1, self.rounds))
+        return out
+
+
+@dataclass
+class Bounds:
+    """The two bounds of a replay point (no CPU in either).
+
+    ``oracle-trim``: ``das+siblings``' replay (the default drafter's drafts at the hard cap every step), each draft
+    cut to exactly its accepted tokens: its steps, with ``rounds + accepted`` verified tokens. ``oracle-text``: the
+    true continuation at the draft cap ``k``: each round emits ``min(k + 1, remaining)`` tokens, all verified."""
+
+    trim_steps: int
+    trim_rounds: int
+    trim_accepted: int
+    text_steps: int
+    text_rounds: int
+    tokens: int
+    k: int = ORACLE_K
+
+    @classmethod
+    def of(cls, siblings: ReplayResult, lengths: Sequence[int], k: int = ORACLE_K) -> "Bounds":
+        rounds = [math.ceil(n / (k + 1)) for n in lengths]
+        return cls(siblings.steps, siblings.rounds, siblings.accepted_tokens, max(rounds, default=0), sum(rounds),
+                   int(sum(lengths)), k)
+
+    def trim_time(self, c_base: float, c_tok: float) -> float:
+        return c_base * self.trim_steps + c_tok * (self.trim_rounds + self.trim_accepted)
+
+    def text_time(self, c_base: float, c_tok: float) -> float:
+        return c_base * self.text_steps + c_tok * self.tokens
+
+    @property
+    def trim_tokens_per_round(self) -> float:
+        return self.tokens / max(1, self.trim_rounds)
+
+    @property
+    def text_tokens_per_round(self) -> float:
+        return self.tokens / max(1, self.text_rounds)
 
 
 def simulate(drafter: Drafter, train_epochs: Sequence[list[RolloutRecord]], eval_records: list[RolloutRecord],
@@ -98,7 +226,9 @@ def _replay_batch(drafter: Drafter, eval_records: list[RolloutRecord], prefix: s
     pos = [0] * n
     passes = [0] * n
     running = [i for i in range(n) if len(comps[i]) > 0]
-    for i in range(n):
+    watch = drafter.watch = Stopwatch(wall_clock if drafter.wall_timed else cpu_clock)
+    drafter.begin(rids, eval_records)  # the engine's arrays (not timed)
+    for i in range(n):  # timed by the drafter: charged to the first step, where vLLM's proposer meets the request
         drafter.start(rids[i], eval_records[i])
     for i in range(n):
         if len(comps[i]) == 0:
@@ -106,20 +236,20 @@ def _replay_batch(drafter: Drafter, eval_records: list[RolloutRecord], prefix: s
     tokens = rounds = drafted_total = accepted_total = steps = 0
     t_ms = 0.0
     trace: list[tuple[float, int]] = []
-    t_drafter = 0.0
+    step_tokens: list[int] = []
+    crit: list[float] = []
+    background: list[float] = []
     tail = drafter.context_tail
     while running:
         trace.append((t_ms, len(running)))
         # The engine does not know where a completion will end: drafts may run past it (those tokens are verified
-        # and wasted, as in vLLM). The contexts are built outside the timed call: an engine holds them in place
+        # and wasted, as in vLLM). The contexts are built outside the timed calls: an engine holds them in place
         # (vLLM's token_ids_cpu), so copying them here is the replay's cost, not the drafter's.
         contexts = [np.asarray(ctx[i] if tail is None else ctx[i][-tail:] if tail else (), dtype=np.int32)
                     for i in running]
         step_rows = [(rids[i], eval_records[i], pos[i], passes[i]) for i in running]
-        t0 = time.perf_counter()
         drafts = drafter.draft_step(step_rows, contexts)
-        t_drafter += time.perf_counter() - t0
-        step_tokens = 0
+        step_tok = 0
         still = []
         for i, draft in zip(running, drafts):
             comp, p = comps[i], pos[i]
@@ -128,7 +258,7 @@ def _replay_batch(drafter: Drafter, eval_records: list[RolloutRecord], prefix: s
             mism = np.nonzero(d[:usable] != comp[p:p + usable])[0]
             acc = int(mism[0]) if mism.size else usable
             emit = comp[p:p + acc + 1].tolist()
-            step_tokens += 1 + len(d)
+            step_tok += 1 + len(d)
             drafted_total += len(d)
             accepted_total += acc
             drafter.feedback(rids[i], len(d), acc)
@@ -137,16 +267,27 @@ def _replay_batch(drafter: Drafter, eval_records: list[RolloutRecord], prefix: s
             passes[i] += 1
             pos[i] += len(emit)
             ctx[i].extend(emit)
-            t0 = time.perf_counter()
             drafter.extend(rids[i], emit)
             if pos[i] >= len(comp):
                 drafter.stop(rids[i])
             else:
                 still.append(i)
-            t_drafter += time.perf_counter() - t0
-        t_ms += c_base + c_tok * step_tokens
+        t_ms += c_base + c_tok * step_tok
         steps += 1
+        step_tokens.append(step_tok)
+        c, b = watch.take()
+        crit.append(c)
+        background.append(b)
         running = still
+    drafter.drain()  # the proposer's call after the last forward pass (still before the engine returns)
+    c, b = watch.take()
+    if crit:
+        crit[-1] += c
+        background[-1] += b
+    elif c or b:
+        crit, background, step_tokens = [c], [b], [0]
     trace.append((t_ms, 0))
     return ReplayResult(drafter.name, n, tokens, rounds, drafted_total, accepted_total, steps, t_ms, passes,
-                        [len(c) for c in comps], trace, t_drafter)
+                        [len(c) for c in comps], trace, float(sum(crit)), step_tokens, crit, background,
+                        speculative=drafter.speculative, cpu_clock=drafter.cpu_clock_name,
+                        cpu_representative=drafter.cpu_representative, counters=drafter.replay_counters())

@@ -40,12 +40,15 @@ from pathlib import Path
 from typing import Sequence
 
 from das_trl.bench.drafters import COST_AWARE, controller_config, make_drafter
+from das_trl.bench.replay import add_cpu_args
 from das_trl.bench.report import format_point, format_summary, write_plot, write_suite_json
 from das_trl.bench.sets import find_sets, load_epochs, set_name, split_epochs
-from das_trl.bench.simulation import ReplayResult, simulate
+from das_trl.bench.simulation import Bounds, ReplayResult, simulate
 from das_trl.budget.tiers import LengthPolicyConfig
 
 DEFAULT_DRAFTERS = ("none", "ngram", "suffix", "das+siblings", "das+policy", "das+controller")
+#: The replay ``oracle-trim`` cuts: the default drafter's drafts made to the hard cap every step.
+BOUND_DRAFTER = "das+siblings"
 
 
 @dataclass
@@ -60,48 +63,57 @@ class Point:
     problems: int
     tokens: int
     results: dict[float, list[ReplayResult]] = field(default_factory=dict)  # c_tok -> results in drafter order
+    bounds: Bounds | None = None  # oracle-trim (from das+siblings) and oracle-text
 
 
-def _cache_file(cache: Path, path: Path, eval_epoch: int, drafter: str, das_overrides: dict, warmup: bool) -> Path:
+#: Bumped when a cached result's fields or meaning change (v2: per-step proposer CPU, background ingest).
+CACHE_VERSION = 2
+
+
+def _cache_file(cache: Path, path: Path, eval_epoch: int, drafter: str, das_overrides: dict, warmup: bool,
+                draft_threads: int | None = None) -> Path:
     """Where a cost-independent drafter's result for this file (by path, size and modification time), appearance and
     settings is kept."""
     st = path.stat()
-    key = json.dumps([str(path.resolve()), st.st_size, st.st_mtime_ns, eval_epoch, drafter, das_overrides, warmup],
-                     sort_keys=True)
+    key = json.dumps([CACHE_VERSION, str(path.resolve()), st.st_size, st.st_mtime_ns, eval_epoch, drafter,
+                      das_overrides, warmup, draft_threads], sort_keys=True)
     return cache / f"{set_name(path)}-{eval_epoch}-{drafter}-{hashlib.sha1(key.encode()).hexdigest()[:12]}.json"
 
 
 def run_point(path: Path, epochs: dict, eval_epoch: int, drafters: Sequence[str], c_base: float,
               c_toks: Sequence[float], das_overrides: dict, controller_overrides: dict, warmup: bool = True,
-              cache: Path | None = None) -> Point:
-    """Replay one appearance of one file with every drafter under every cost model. With ``cache``, results of
+              cache: Path | None = None, draft_threads: int | None = None) -> Point:
+    """Replay one appearance of one file with every drafter under every cost model, and its bounds (``oracle-trim``
+    needs ``das+siblings``: replayed for it when not among ``drafters``). With ``cache``, results of
     cost-independent drafters are read from / written to that folder (they depend only on the data, the drafter
-    and its settings; the drafter time they carry is from the run that wrote them)."""
+    and its settings; the CPU times they carry are from the run that wrote them)."""
     train, evals, tr, ev = split_epochs(epochs, None, eval_epoch)
     point = Point(set_name(path) + ("" if eval_epoch == max(epochs) else f"@{eval_epoch}"), str(path), ev, tr,
                   len(evals), len({r.problem_key for r in evals}), sum(len(r.completion_ids) for r in evals))
     fixed: dict[str, ReplayResult] = {}
+
+    def replay(name: str, c_tok: float) -> ReplayResult:
+        cached = None if cache is None or name in COST_AWARE else _cache_file(cache, path, ev, name, das_overrides,
+                                                                             warmup, draft_threads)
+        if name not in COST_AWARE and name not in fixed and cached is not None and cached.exists():
+            fixed[name] = ReplayResult(**json.loads(cached.read_text()))
+        if name in fixed:
+            return fixed[name]
+        pc = LengthPolicyConfig(c_base_ms=c_base, c_tok_ms=c_tok)
+        res = simulate(make_drafter(name, policy_config=pc, das_overrides=das_overrides,
+                                    controller_config=controller_config(c_base, c_tok, controller_overrides),
+                                    draft_threads=draft_threads),
+                       train, evals, c_base, c_tok, warmup=warmup)
+        if name not in COST_AWARE:
+            fixed[name] = res
+            if cached is not None:
+                cached.parent.mkdir(parents=True, exist_ok=True)
+                cached.write_text(json.dumps(asdict(res)))
+        return res
+
     for c_tok in c_toks:
-        row = []
-        for name in drafters:
-            cached = None if cache is None or name in COST_AWARE else _cache_file(cache, path, ev, name, das_overrides,
-                                                                                 warmup)
-            if name not in COST_AWARE and name not in fixed and cached is not None and cached.exists():
-                fixed[name] = ReplayResult(**json.loads(cached.read_text()))
-            if name in COST_AWARE or name not in fixed:
-                pc = LengthPolicyConfig(c_base_ms=c_base, c_tok_ms=c_tok)
-                res = simulate(make_drafter(name, policy_config=pc, das_overrides=das_overrides,
-                                            controller_config=controller_config(c_base, c_tok, controller_overrides)),
-                               train, evals, c_base, c_tok, warmup=warmup)
-                if name not in COST_AWARE:
-                    fixed[name] = res
-                    if cached is not None:
-                        cached.parent.mkdir(parents=True, exist_ok=True)
-                        cached.write_text(json.dumps(asdict(res)))
-            else:
-                res = fixed[name]
-            row.append(res)
-        point.results[c_tok] = row
+        point.results[c_tok] = [replay(name, c_tok) for name in drafters]
+    point.bounds = Bounds.of(replay(BOUND_DRAFTER, c_toks[0]), [len(r.completion_ids) for r in evals])
     return point
 
 
@@ -118,6 +130,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--das-config", default=None, help="JSON of DrafterConfig overrides for every DAS variant")
     p.add_argument("--controller", default=None, help="JSON of ControllerConfig overrides for das+controller")
     p.add_argument("--no-warmup", action="store_true", help="see das-trl bench replay --no-warmup")
+    add_cpu_args(p)
     p.add_argument("--cache", default=None, help="folder for results of the cost-independent drafters (reused when "
                                                  "the same file, appearance and settings are replayed again)")
     p.add_argument("--json", default=None, help="write every result to this JSON file")
@@ -142,22 +155,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         for ev in evals:
             t0 = time.perf_counter()
             point = run_point(path, epochs, ev, drafters, args.c_base, args.c_tok, das_ov, ctl_ov,
-                              not args.no_warmup, Path(args.cache) if args.cache else None)
+                              not args.no_warmup, Path(args.cache) if args.cache else None, args.draft_threads)
             points.append(point)
             for c_tok in args.c_tok:
-                print(format_point(point, args.c_base, c_tok))
+                print(format_point(point, args.c_base, c_tok, args.host_speed, args.async_off_ms))
                 print()
             print(f"({point.name}: {time.perf_counter() - t0:.0f} s)\n", flush=True)
-    print(format_summary(points, args.c_base, args.c_tok))
+    print(format_summary(points, args.c_base, args.c_tok, args.host_speed, args.async_off_ms))
     if args.json:
         write_suite_json(args.json, {"c_base_ms": args.c_base, "c_tok_ms": args.c_tok, "drafters": drafters,
-                                     "das_config_overrides": das_ov, "controller_overrides": ctl_ov},
-                         points, args.c_base, args.c_tok)
+                                     "das_config_overrides": das_ov, "controller_overrides": ctl_ov,
+                                     "draft_threads": args.draft_threads or 1},
+                         points, args.c_base, args.c_tok, args.host_speed, args.async_off_ms)
         print(f"wrote {args.json}")
     if args.plots:
         for p in points:
             for c_tok in args.c_tok:
-                print(f"wrote {write_plot(p, args.c_base, c_tok, Path(args.plots))}")
+                print(f"wrote {write_plot(p, args.c_base, c_tok, Path(args.plots), args.host_speed, args.async_off_ms)}")
     return 0
 
 

@@ -31,11 +31,17 @@ __all__ = ["ALL_DRAFTERS", "COST_AWARE", "DEFAULT_DRAFTERS", "Drafter", "control
 
 
 def make_drafter(name: str, ngram=(5, 5, 8), policy_config: LengthPolicyConfig | None = None,
-                 das_overrides: dict | None = None, controller_config: ControllerConfig | None = None) -> Drafter:
+                 das_overrides: dict | None = None, controller_config: ControllerConfig | None = None,
+                 draft_threads: int | None = None) -> Drafter:
     """Build a replay drafter by name (one of :data:`ALL_DRAFTERS`); ``das_overrides``: DrafterConfig fields applied
     to every DAS variant (the ablation switches of a variant still win); ``controller_config``: the
-    ``das+controller`` variant's settings (give it the replay's cost model)."""
+    ``das+controller`` variant's settings (give it the replay's cost model); ``draft_threads``: the DAS drafter's
+    drafting threads (default 1, unless ``das_overrides`` sets ``draft_threads``: one thread is what thread CPU
+    time measures fully; with more, the replay times the calls by the wall clock)."""
     ov = dict(das_overrides or {})
+    if draft_threads is not None:
+        ov["draft_threads"] = int(draft_threads)
+    ov.setdefault("draft_threads", 1)
 
     def DrafterConfig(**kw):  # noqa: N802 - the variant's switches over the user's overrides
         return _DrafterConfig(**{**ov, **kw})

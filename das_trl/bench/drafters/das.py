@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 
 import numpy as np
@@ -21,7 +22,13 @@ class DASReplayDrafter(Drafter):
     Driven as the engine's proposer drives it: one ``step`` call per engine step for all running requests, which
     reports the previous drafts' verification (accepted = tokens gained - 1), appends the tokens gained (read in
     place from a token matrix, as from vLLM's ``token_ids_cpu``) and drafts. Each request's matrix row holds its
-    prompt and whole recorded completion; ``num_tokens`` says how much of it has been generated."""
+    prompt and whole recorded completion; ``num_tokens`` says how much of it has been generated.
+
+    Timed (:mod:`.base`): the drafter's ``start_request`` / ``step`` / ``stop_request`` / ``trim`` calls. In a step
+    where no row drafts, the native core leaves the new tokens to its ingest thread (``background_ingest``); that
+    work is completed right after the step and recorded as background (the ingest thread's time plus any part this
+    thread did), which the report charges only beyond the step's forward pass. With ``draft_threads`` > 1 the calls
+    are timed by the wall clock."""
 
     def __init__(self, name: str, config: DrafterConfig, policy: LengthPolicy | None = None,
                  fixed_budget: int = 16) -> None:
@@ -30,12 +37,13 @@ class DASReplayDrafter(Drafter):
         self.policy = policy
         self.fixed_budget = fixed_budget
         self.context_tail = 0  # the drafter holds every request's text: no context copies
-        self._texts: list[np.ndarray] = []
+        self.wall_timed = int(getattr(self.d.config, "draft_threads", 1)) > 1
         self._row: dict[str, int] = {}
         self._prompt_len: dict[str, int] = {}
         self._gained: dict[str, int] = {}
         self._pos: dict[str, int] = {}
-        self._matrix: np.ndarray | None = None
+        self._matrix = np.zeros((0, 0), np.int32)
+        self._ingest_seen = self._ingest_seconds()
 
     def prepare(self, train_epochs):
         for recs in train_epochs:
@@ -44,7 +52,6 @@ class DASReplayDrafter(Drafter):
     def end_step(self, records):
         self.d.add_rollouts([r.prompt_ids for r in records], [r.completion_ids for r in records],
                             problem_keys=[r.problem_key for r in records])
-        self._texts, self._row, self._matrix = [], {}, None
         if self.policy is not None:
             lens: dict[int, list[int]] = defaultdict(list)
             for r in records:
@@ -53,15 +60,22 @@ class DASReplayDrafter(Drafter):
                 self.policy.observe(key, ls)
             self.policy.new_step()
 
+    def begin(self, request_ids, records):
+        """The batch's token matrix (vLLM's ``token_ids_cpu``): row i = request i's prompt + whole completion."""
+        texts = [np.concatenate([np.asarray(r.prompt_ids, np.int32), np.asarray(r.completion_ids, np.int32)])
+                 for r in records]
+        self._matrix = np.zeros((len(texts), max((len(t) for t in texts), default=0)), np.int32)
+        for i, t in enumerate(texts):
+            self._matrix[i, : len(t)] = t
+        self._row = {rid: i for i, rid in enumerate(request_ids)}
+        self._prompt_len = {rid: len(r.prompt_ids) for rid, r in zip(request_ids, records)}
+        self._gained = dict.fromkeys(request_ids, 0)
+        self._pos = dict.fromkeys(request_ids, 0)
+        self._ingest_seen = self._ingest_seconds()
+
     def start(self, rid, rec):
-        self.d.start_request(rid, rec.prompt_ids, problem_key=rec.problem_key)
-        self._row[rid] = len(self._texts)
-        self._texts.append(np.concatenate([np.asarray(rec.prompt_ids, np.int32),
-                                           np.asarray(rec.completion_ids, np.int32)]))
-        self._prompt_len[rid] = len(rec.prompt_ids)
-        self._gained[rid] = 0
-        self._pos[rid] = 0
-        self._matrix = None
+        with self.watch:
+            self.d.start_request(rid, rec.prompt_ids, problem_key=rec.problem_key)
 
     def extend(self, rid, tokens):
         self._gained[rid] = len(tokens)  # handed to the drafter by the next step call
@@ -72,7 +86,8 @@ class DASReplayDrafter(Drafter):
         # leaves the batch: the same here, with no draft.
         if self._gained.get(rid):
             self._step([(rid, None, self._pos[rid], 0)], [0])
-        self.d.stop_request(rid)
+        with self.watch:
+            self.d.stop_request(rid)
         self._gained.pop(rid, None)
 
     def budgets(self, running):
@@ -83,24 +98,50 @@ class DASReplayDrafter(Drafter):
     def propose(self, rid, context, budget):
         return self.d.propose(rid, context, budget)
 
-    def _step(self, running, max_tokens):
-        """One drafter ``step`` for the running requests with per-row budgets ``max_tokens``."""
-        if self._matrix is None:  # all of a batch's requests start before its first step
-            width = max(len(t) for t in self._texts)
-            self._matrix = np.zeros((len(self._texts), width), np.int32)
-            for i, t in enumerate(self._texts):
-                self._matrix[i, : len(t)] = t
-        n = len(running)
-        rids = [rid for rid, _, _, _ in running]
+    def _arrays(self, rids: list[str], positions) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``rows, num_tokens, num_prompt, num_sampled`` of these requests (what the engine holds; not timed)."""
+        n = len(rids)
         rows = np.fromiter((self._row[r] for r in rids), np.int64, n)
         num_prompt = np.fromiter((self._prompt_len[r] for r in rids), np.int64, n)
-        num_tokens = num_prompt + np.fromiter((pos for _, _, pos, _ in running), np.int64, n)
+        num_tokens = num_prompt + np.fromiter(positions, np.int64, n)
         gained = np.fromiter((self._gained[r] for r in rids), np.int64, n)
-        return rids, self.d.step(rids, self._matrix, rows, num_tokens, num_prompt, gained, np.full(n, -1),
-                                 np.asarray(max_tokens, np.int64))
+        return rows, num_tokens, num_prompt, gained
+
+    def _step(self, running, max_tokens):
+        """One drafter ``step`` for the running requests with per-row budgets ``max_tokens``."""
+        rids = [rid for rid, _, _, _ in running]
+        rows, num_tokens, num_prompt, gained = self._arrays(rids, (pos for _, _, pos, _ in running))
+        budgets = np.asarray(max_tokens, np.int64)
+        with self.watch:
+            out = self.d.step(rids, self._matrix, rows, num_tokens, num_prompt, gained, np.full(len(rids), -1),
+                              budgets)
+        if not (budgets > 0).any():
+            self._collect_ingest()
+        return rids, out
+
+    def _ingest_seconds(self) -> float | None:
+        """The native core's ingest-thread seconds so far (``None``: a drafter without background ingest)."""
+        if not getattr(self.d.config, "background_ingest", False) or not hasattr(self.d, "wait_for_ingest"):
+            return None
+        return float(self.d.stats().get("ingest_background_seconds", 0.0))
+
+    def _collect_ingest(self) -> None:
+        """After a step where no row drafted: complete its deferred ingest and record its time as background (the
+        ingest thread's, plus any part this thread did because the thread had not started it)."""
+        if self._ingest_seen is None:
+            return
+        clock = getattr(self.watch, "clock", time.thread_time)
+        t0 = clock()
+        self.d.wait_for_ingest()
+        mine = clock() - t0
+        now = float(self.d.stats().get("ingest_background_seconds", 0.0))
+        self.watch.add_background(mine + now - self._ingest_seen)
+        self._ingest_seen = now
 
     def draft_step(self, running, contexts):
-        _, batch = self._step(running, self.budgets([(rid, rec, pos) for rid, rec, pos, _ in running]))
+        with self.watch:  # the length policy's budgets are the proposer's work too
+            budgets = self.budgets([(rid, rec, pos) for rid, rec, pos, _ in running])
+        _, batch = self._step(running, budgets)
         return batch.as_lists()
 
     def feedback(self, rid, drafted, accepted):

@@ -1,5 +1,22 @@
-"""``das+controller``: the DAS drafter with the batch budget controller (:mod:`das_trl.budget.controller`), driven as
-the live proposer drives them. The one place where the replay runs the controller."""
+"""``das+controller``: the product's default, driven exactly as the live proposer drives it.
+
+The replay feeds :class:`das_trl.vllm.speculator.Speculator` (drafter + :class:`~das_trl.budget.BudgetController`:
+plan, draft, cut), the object ``das_trl/vllm/proposer.py`` calls once per engine step, the way the proposer does:
+
+* ``start(req_id, prompt, problem_key, max_output)`` when a request is first seen (``max_output``: the longest
+  history rollout cut by ``length``, the replay's estimate of the engine's ``max_tokens``; ``None`` without one);
+* ONE ``step(req_ids, token_matrix, rows, num_tokens, num_prompt, num_sampled)`` per engine step for every request
+  in the batch. The token matrix holds each request's prompt and whole recorded completion (vLLM's
+  ``token_ids_cpu``); ``num_tokens`` says how much is generated. A request that emitted its last tokens is still in
+  the next step (as in vLLM, where the proposer runs before the scheduler drops it); its draft is discarded; then
+  ``finish`` at the step after (the proposer's "requests left" path). After the last forward pass the proposer runs
+  once more for the last finishers (:meth:`drain`);
+* history pushes: the drafter's ``add_rollouts`` plus the controller's ``observe`` per problem
+  (``DASProposer.add_history``; built synchronously here, as a GRPO push is between generations).
+
+Timed: ``start`` / ``step`` / ``finish`` (:mod:`.base`); the deferred ingest of steps where nothing was drafted is
+background work (:class:`~das_trl.bench.drafters.das.DASReplayDrafter`).
+"""
 
 from __future__ import annotations
 
@@ -9,20 +26,27 @@ import numpy as np
 
 from das_trl.budget.controller import BudgetController, ControllerConfig
 from das_trl.drafter import DrafterConfig
+from das_trl.vllm.speculator import Speculator
 
 from .das import DASReplayDrafter
 
 
 class DASControllerDrafter(DASReplayDrafter):
-    """The DAS drafter + :class:`~das_trl.budget.controller.BudgetController`, as the live proposer runs them: each
-    step drafts every running request up to the hard cap (``step``), the controller picks how many tokens of each
-    draft to verify, the drafts are cut to that, and the drafter is told the cut length (``trim``)."""
+    """The DAS drafter + batch budget controller inside a :class:`~das_trl.vllm.speculator.Speculator` (see the
+    module docstring). ``speculator.counters`` are cumulative over every batch served (warm-up included);
+    :meth:`replay_counters` and ``speculated_per_step`` / ``silent_per_step`` are the last batch's."""
 
     def __init__(self, name: str, config: DrafterConfig, controller: ControllerConfig) -> None:
         super().__init__(name, config)
         self.controller = BudgetController(controller)
+        self.speculator = Speculator(self.d, self.controller, max_model_len=1)  # model length set per batch
         self.max_output: int | None = None
-        self._expected: dict[str, float] = {}  # request -> the controller's estimate for its kept draft
+        self._longest = 0  # longest prompt + completion seen (the engine's model length must hold it)
+        self._finishing: list[str] = []  # emitted their last tokens: in the next step, then finished
+        self._finished: list[str] = []   # left the batch: finished at the next step, before it
+        self._counters_at_begin: dict[str, int] = {}
+        self.speculated_per_step: list[int] = []
+        self.silent_per_step: list[int] = []
 
     def prepare(self, train_epochs):
         super().prepare(train_epochs)
@@ -31,27 +55,70 @@ class DASControllerDrafter(DASReplayDrafter):
         self.max_output = max(capped) if capped else None
 
     def end_step(self, records):
+        # DASProposer.add_history: the drafter's add_rollouts (via DASReplayDrafter) + the controller's observe.
         super().end_step(records)
         lens: dict[int, list[int]] = defaultdict(list)
         for r in records:
             lens[r.problem_key].append(len(r.completion_ids))
         for key, ls in lens.items():
             self.controller.observe(key, ls)
+        self._longest = max([self._longest] + [len(r.prompt_ids) + len(r.completion_ids) for r in records])
+
+    def begin(self, request_ids, records):
+        super().begin(request_ids, records)
+        self._longest = max([self._longest] + [len(r.prompt_ids) + len(r.completion_ids) for r in records])
+        # The engine's model length: room for every prompt + completion seen and a full draft after it.
+        self.speculator.max_model_len = self._longest + self.d.config.max_spec_tokens + 1
+        self._finishing, self._finished = [], []
+        self._counters_at_begin = dict(self.speculator.counters)
+        self.speculated_per_step, self.silent_per_step = [], []
+
+    def start(self, rid, rec):
+        prompt = np.asarray(rec.prompt_ids, np.int64)
+        with self.watch:
+            self.speculator.start(rid, prompt, rec.problem_key, self.max_output)
+
+    def stop(self, rid):
+        self._finishing.append(rid)  # seen once more by the next step (vLLM), then finished
+
+    def _engine_step(self, running) -> tuple[list[str], object]:
+        """One proposer call: finish the requests that left, then ``Speculator.step`` for the batch (the running
+        requests and those that emitted their last tokens in the previous step)."""
+        rids = [rid for rid, _, _, _ in running] + self._finishing
+        positions = [pos for _, _, pos, _ in running] + [self._pos[r] for r in self._finishing]
+        rows, num_tokens, num_prompt, gained = self._arrays(rids, positions)
+        gone, self._finished, self._finishing = self._finished, self._finishing, []
+        spec = self.speculator
+        before_rows, before_silent = spec.counters["speculated_rows"], spec.counters["silent_steps"]
+        with self.watch:
+            for rid in gone:
+                spec.finish(rid)
+            out = spec.step(rids, self._matrix, rows, num_tokens, num_prompt, gained) if rids else None
+        drafted = spec.counters["speculated_rows"] - before_rows
+        self.speculated_per_step.append(drafted)
+        self.silent_per_step.append(spec.counters["silent_steps"] - before_silent)
+        if rids and not drafted:
+            self._collect_ingest()
+        return rids, out
 
     def draft_step(self, running, contexts):
-        n = len(running)
-        rids, batch = self._step(running, np.full(n, self.d.config.max_spec_tokens))
-        keys = np.fromiter((rec.problem_key for _, rec, _, _ in running), np.int64, n)
-        out_len = np.fromiter((pos for _, _, pos, _ in running), np.int64, n)
-        rounds = np.fromiter((r for _, _, _, r in running), np.int64, n)
-        max_out = None if self.max_output is None else np.full(n, self.max_output)
-        batch.truncate(self.controller.budgets(batch.accept, keys, out_len, rounds, max_out))
-        self.d.trim(rids, batch.lengths)
-        self._expected.update(zip(rids, self.controller.last_expected_kept.tolist()))
-        return batch.as_lists()
+        _, out = self._engine_step(running)
+        return [out.tokens[i, : out.lengths[i]].tolist() if out.lengths[i] else [] for i in range(len(running))]
+
+    def drain(self):
+        """The proposer's call after the last forward pass: the last finishers' step, then their finish."""
+        if self._finishing:
+            self._engine_step([])
+        with self.watch:
+            for rid in self._finished:
+                self.speculator.finish(rid)
+        self._finished = []
 
     def feedback(self, rid, drafted, accepted):
-        super().feedback(rid, drafted, accepted)
-        expected = self._expected.pop(rid, 0.0)
-        if drafted:
-            self.controller.observe_acceptance(expected, accepted)
+        pass  # the Speculator learns every outcome from the next step's tokens gained
+
+    def replay_counters(self):
+        now = self.speculator.counters
+        out = {k: int(v - self._counters_at_begin.get(k, 0)) for k, v in now.items()}
+        out["speculated_per_step"] = list(self.speculated_per_step)
+        return out

@@ -26,7 +26,12 @@ def prompt_lookup(tokens: np.ndarray, min_n: int, max_n: int, k: int) -> list[in
 
 
 class NgramDrafter(Drafter):
-    """Longest suffix n-gram in ``[min_n, max_n]`` of prompt + output, earliest occurrence, ``k`` tokens after it."""
+    """Longest suffix n-gram in ``[min_n, max_n]`` of prompt + output, earliest occurrence, ``k`` tokens after it.
+
+    Its CPU time is measured but not representative (``cpu_representative``): vLLM's ``ngram`` is a numba kernel,
+    this is numpy."""
+
+    cpu_representative = False
 
     def __init__(self, min_n: int = 5, max_n: int = 5, k: int = 8) -> None:
         self.name = "ngram"

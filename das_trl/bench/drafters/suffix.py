@@ -43,14 +43,20 @@ class SuffixDrafter(Drafter):
     def end_step(self, records):
         pass  # served responses entered the global cache when their requests stopped (as in vLLM)
 
+    # The calls vLLM's suffix proposer makes per engine step (start on first sight, the tokens each request got,
+    # stop when it leaves, one speculate per row: the default draft_step) are timed.
     def start(self, rid, rec):
-        self.cache.start_request(rid, np.asarray(rec.prompt_ids, dtype=np.int32))
+        prompt = np.asarray(rec.prompt_ids, dtype=np.int32)
+        with self.watch:
+            self.cache.start_request(rid, prompt)
 
     def extend(self, rid, tokens):
-        self.cache.add_active_response(rid, tokens)
+        with self.watch:
+            self.cache.add_active_response(rid, tokens)
 
     def stop(self, rid):
-        self.cache.stop_request(rid)
+        with self.watch:
+            self.cache.stop_request(rid)
 
     def budgets(self, running):
         return [self.p["num_speculative_tokens"]] * len(running)
