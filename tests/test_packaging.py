@@ -176,3 +176,45 @@ def test_native_core_warning_when_it_cannot_load(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert native.warn_if_unavailable("DASGRPOTrainer", backend="python") is False  # explicit choice: silent
+
+
+def _nb_parameters(function) -> list[str]:
+    """Parameter names of a nanobind function, from its ``__nb_signature__`` (``"def f(a: T[x, y], b: U = \\0)"``)."""
+    signature = function.__nb_signature__[0][0]
+    inner = signature[signature.index("(") + 1: signature.rindex(") ->")]
+    names, depth, current = [], 0, ""
+    for char in inner + ",":
+        if char in "[(":
+            depth += 1
+        elif char in "])":
+            depth -= 1
+        if char == "," and depth == 0:
+            if current.strip():
+                names.append(current.split(":")[0].split("=")[0].strip())
+            current = ""
+        else:
+            current += char
+    return names
+
+
+def test_native_stub_matches_the_compiled_module():
+    """``_das_native.pyi`` declares exactly what the compiled module exports, with the same parameter names, and
+    documents every function (the stub is what type checkers and IDEs read)."""
+    import ast
+
+    from das_trl.drafter import native
+
+    module = native.load()
+    tree = ast.parse((ROOT / "das_trl" / "drafter" / "native" / "_das_native.pyi").read_text())
+    functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+    (drafter,) = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Drafter"]
+    methods = {node.name: node for node in drafter.body if isinstance(node, ast.FunctionDef)}
+    assert set(functions) == {n for n in dir(module) if callable(getattr(module, n)) and not n.startswith("_")} \
+        - {"Drafter"}
+    assert set(methods) - {"__init__"} == {n for n in dir(module.Drafter) if not n.startswith("_")}
+    assert hasattr(module, "MAX_SPEC_TOKENS") and "MAX_SPEC_TOKENS" in ast.unparse(tree)
+    for name, node in [*functions.items(), *((f"Drafter.{k}", v) for k, v in methods.items())]:
+        assert ast.get_docstring(node), f"{name} has no docstring in the stub"
+        compiled = getattr(module, name) if "." not in name else getattr(module.Drafter, name.split(".")[1])
+        declared = [a.arg for a in node.args.args]
+        assert declared == _nb_parameters(compiled), (name, declared, _nb_parameters(compiled))

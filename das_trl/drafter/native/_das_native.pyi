@@ -8,8 +8,9 @@ Conventions of every method:
   Inputs are read-only (read-only arrays are accepted); outputs are caller-owned buffers that are filled in place.
 - Invalid input (wrong row counts, bad offsets, out-of-range configuration) raises ``ValueError`` with the values;
   an unknown or inactive slot raises ``KeyError``.
-- ``Drafter`` methods take the drafter's mutex; :meth:`Drafter.propose`, :meth:`Drafter.step`,
-  :meth:`Drafter.wait_history`, :meth:`Drafter.clear_history` and :func:`controller_budgets` release the GIL.
+- ``Drafter`` methods take the drafter's mutex (the ingest thread holds it while it ingests a deferred step); every
+  call that drafts, may wait for that thread or for history builds releases the GIL, as does
+  :func:`controller_budgets`.
 """
 
 from typing import Any
@@ -46,8 +47,9 @@ class Drafter:
                 ``share_running_siblings``, ``share_running_batch``, ``prompt_tail_tokens``, ``live_token_budget``
                 (tokens), ``support_ngram``, ``evidence_pseudocount``, ``match_len_pseudocount``,
                 ``truncate_by_evidence``, ``calibrate_acceptance``, ``calibration_pseudocount``,
-                ``calibration_step_decay``, ``builder_threads``, ``draft_threads``); missing keys keep the core's
-                defaults.
+                ``calibration_step_decay``, ``builder_threads``, ``draft_threads``, ``background_ingest`` (steps in
+                which no row drafts leave their new tokens to the drafter's ingest thread; drafts, counters and
+                stats equal the synchronous path's)); missing keys keep the core's defaults.
 
         Raises:
             ValueError: a field out of range.
@@ -69,7 +71,7 @@ class Drafter:
         """The problem key of request ``slot``. Raises ``KeyError`` for an unknown slot."""
 
     def propose(self, slots: _I32, budgets: _I32, tokens: _I32, accept: _F64, lengths: _I32, source: _I8,
-                match_len: _I32) -> None:
+                match_len: _I32, fill_idle: bool = True) -> None:
         """Draft for ``n`` active requests at once (GIL released).
 
         Args:
@@ -80,6 +82,8 @@ class Drafter:
             lengths: out, ``int32[n]`` draft lengths.
             source: out, ``int8[n]`` winning source id (``-1``: none).
             match_len: out, ``int32[n]`` context tokens matched by the winning source.
+            fill_idle: zero the ``tokens``/``accept`` rows of rows that do not draft (pass False for buffers that
+                are zero already); a drafting row is written whole (zeros past its length).
 
         Raises:
             ValueError: a row count differs from ``n`` or ``tokens``/``accept`` do not have K columns.
@@ -88,7 +92,7 @@ class Drafter:
 
     def step(self, matrix: _I32, slots: _I32, rows: _I32, num_tokens: _I32, num_prompt: _I32, num_sampled: _I32,
              num_verified: _I32, budgets: _I32, tokens: _I32, accept: _F64, lengths: _I32, source: _I8,
-             match_len: _I32) -> None:
+             match_len: _I32, fill_idle: bool = True) -> None:
         """One engine step for ``n`` rows, reading each row's text from the engine's token matrix (GIL released).
 
         Row i is request ``slots[i]``, whose text is ``matrix[rows[i], :num_tokens[i]]`` (``int32[R, L]``, vLLM's
@@ -96,12 +100,21 @@ class Drafter:
         The verification of the row's previous draft is recorded (accepted = ``min(verified, num_sampled - 1)``,
         verified = its draft length, capped by ``num_verified[i]`` when ``>= 0``), the new output tokens are
         appended (a request whose output shrank is restarted: preemption), then the row is drafted with
-        ``budgets[i]``. Outputs as in :meth:`propose`.
+        ``budgets[i]``. Outputs (and ``fill_idle``) as in :meth:`propose`. When no row has a budget > 0 and
+        ``background_ingest`` is on, the new tokens are copied and left to the ingest thread, and the call returns
+        without touching the automata.
 
         Raises:
             ValueError: a row count differs from ``n`` or ``tokens``/``accept`` do not have K columns.
             KeyError: an inactive slot.
         """
+
+    def flush(self) -> None:
+        """Complete any deferred ingest now (benchmarks, tests; every method that needs it does it itself)."""
+
+    def hold_ingest(self, hold: bool) -> None:
+        """Tests: while held, the ingest thread takes no work, so the next call that needs the state completes each
+        deferred step itself."""
 
     def trim(self, slots: _I32, lengths: _I32) -> None:
         """Cut each row's outstanding draft to ``lengths[i]`` tokens (what was really sent for verification)."""
@@ -151,8 +164,9 @@ class Drafter:
         ``verified_drafts``, ``accepted_tokens``, ``wins`` (list per source), ``calibration_tokens``, live pool
         (``active_requests``, ``sibling_groups``, ``lingering_finished``, ``live_*`` tokens and bytes), history
         index (``index_problems``, ``index_tokens``, ``index_sequences``, ``index_states``, ``index_bytes``,
-        ``global_tokens``, ``global_bytes``), and history builds (``pending_updates``, ``update_builds``,
-        ``update_errors``, ``update_seconds``)."""
+        ``global_tokens``, ``global_bytes``), history builds (``pending_updates``, ``update_builds``,
+        ``update_errors``, ``update_seconds``), and deferred ingest (``deferred_steps``, ``caller_ingests``,
+        ``ingest_background_seconds``, ``ingest_last_seconds``, ``ingest_queued_tokens``)."""
 
     def acceptance_totals(self) -> tuple[int, int, int]:
         """``(verified_drafts, verified_tokens, accepted_tokens)`` since creation."""
