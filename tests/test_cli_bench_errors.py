@@ -13,3 +13,14 @@ def test_missing_sets_folder_is_one_line_and_exit_2(capsys):
 def test_missing_rollouts_file_is_one_line_and_exit_2(tmp_path, capsys):
     assert cli_main(["bench", "replay", "--rollouts", str(tmp_path / "missing.jsonl")]) == 2
     assert "das-trl bench replay: error:" in capsys.readouterr().err
+
+
+def test_bad_cpu_knobs_are_one_line_and_exit_2(tmp_path, capsys):
+    import pytest
+
+    for flag, value, msg in (("--host-speed", "0", "must be > 0"), ("--draft-threads", "0", "must be an int in")):
+        with pytest.raises(SystemExit) as exc:
+            cli_main(["bench", "suite", "--sets", str(tmp_path), flag, value])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert f"argument {flag}: {msg}" in err and "Traceback" not in err

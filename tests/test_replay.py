@@ -128,3 +128,145 @@ def test_epochs_grouped_by_appearance(tmp_path):
     assert sorted(by_app) == [0, 1] and [r.step for r in by_app[0]] == [0, 1] and [r.step for r in by_app[1]] == [2, 3]
     by_floor = sets.load_epochs(path, "epoch")
     assert [r.step for r in by_floor[1]] == [1, 2]  # floor() would mix appearances
+
+
+# ---------------------------------------------------------------------------- what the engine waits for
+class _FakeClock:
+    """A clock that only moves when a test says so (seconds)."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def _split(jsonl):
+    train, evals, _, _ = sets.split_epochs(sets.load_epochs(jsonl), None, None)
+    return train, evals
+
+
+def test_cpu_inclusive_time_is_cost_model_plus_measured_proposer_time(jsonl, monkeypatch):
+    clock = _FakeClock()
+    monkeypatch.setattr(simulation, "cpu_clock", clock)
+    train, evals = _split(jsonl)
+
+    class Costly(drafters.Drafter):
+        """Every proposal takes 2 ms of (fake) CPU; every step leaves 9 ms of background work."""
+        name = "costly"
+
+        def budgets(self, running):
+            self.watch.add_background(0.009)
+            return [3] * len(running)
+
+        def propose(self, rid, context, budget):
+            clock.now += 0.002
+            return [0] * budget  # never accepted
+
+    res = simulation.simulate(Costly(), train, evals, 7.0, 0.025)
+    running = [b for _, b in res.batch_trace[:-1]]
+    assert res.proposer_seconds == pytest.approx([0.002 * b for b in running])
+    assert res.drafter_seconds == pytest.approx(0.002 * res.rounds)
+    # background work is charged only beyond its step's forward pass
+    fwd = [7.0 + 0.025 * t for t in res.step_tokens]
+    bg_ms = sum(max(0.0, 9.0 - f) for f in fwd)
+    assert bg_ms > 0 and any(f > 9.0 for f in fwd)  # some steps hide it entirely, others do not
+    base = res.time_at(7.0, 0.025)
+    assert base == pytest.approx(res.sim_time_ms)
+    assert res.time_with_cpu(7.0, 0.025) == pytest.approx(base + 2.0 * res.rounds + bg_ms)
+    assert res.time_with_cpu(7.0, 0.025, async_off_ms=0.5) == pytest.approx(base + 2.0 * res.rounds + bg_ms
+                                                                           + 0.5 * res.steps)
+    # a host twice as fast halves the measured CPU (and the background beyond the forward pass)
+    bg_fast = sum(max(0.0, 4.5 - f) for f in fwd)
+    assert res.time_with_cpu(7.0, 0.025, host_speed=2.0) == pytest.approx(base + 1.0 * res.rounds + bg_fast)
+    # re-costed under another cost model, the background charge follows that model's forward time
+    fwd2 = [5.0 + 0.1 * t for t in res.step_tokens]
+    assert res.cpu_ms(5.0, 0.1) == pytest.approx(2.0 * res.rounds + sum(max(0.0, 9.0 - f) for f in fwd2))
+
+    # none runs no proposer: it adds nothing, not even the async-scheduling charge
+    clock.now = 0.0
+    none = simulation.simulate(drafters.make_drafter("none"), train, evals, 7.0, 0.025)
+    assert none.cpu_ms(7.0, 0.025) == 0.0
+    assert none.time_with_cpu(7.0, 0.025, host_speed=0.1, async_off_ms=3.0) == none.time_at(7.0, 0.025)
+    rat = report.ratios([none, res], 7.0, 0.025)
+    assert rat["none"]["time_cpu_vs_none"] == 1.0
+    assert rat["costly"]["time_cpu_ms"] == pytest.approx(base + 2.0 * res.rounds + bg_ms)
+
+
+def test_das_controller_times_exactly_the_speculator_calls(jsonl, monkeypatch):
+    """das+controller drives the proposer's Speculator: one start per request, one step per engine step plus the
+    one after the last forward pass, one finish per request; only those calls are timed."""
+    from das_trl.vllm.speculator import Speculator
+
+    clock = _FakeClock()
+    monkeypatch.setattr(simulation, "cpu_clock", clock)
+    calls = {"start": 0, "step": 0, "finish": 0}
+    cost = {"start": 0.001, "step": 0.003, "finish": 0.0005}
+    for name in calls:
+        real = getattr(Speculator, name)
+
+        def timed(self, *a, _real=real, _name=name, **k):
+            calls[_name] += 1
+            clock.now += cost[_name]
+            return _real(self, *a, **k)
+
+        monkeypatch.setattr(Speculator, name, timed)
+    train, evals = _split(jsonl)
+    d = drafters.make_drafter("das+controller", controller_config=drafters.controller_config(7.0, 0.025))
+    res = simulation.simulate(d, train, evals, 7.0, 0.025, warmup=False)
+    n = len(evals)
+    assert calls == {"start": n, "step": res.steps + 1, "finish": n}
+    expected = n * cost["start"] + (res.steps + 1) * cost["step"] + n * cost["finish"]
+    assert res.drafter_seconds == pytest.approx(expected)
+    assert 1000.0 * sum(res.proposer_seconds) == pytest.approx(1000.0 * expected)
+    assert res.counters["steps"] == res.steps + 1 and res.counters["request_rounds"] == res.rounds + n
+
+
+def _random_batch(rng, prompts, epoch, long_rows=(), vocab=5000):
+    out = []
+    for p, prompt in enumerate(prompts):
+        for s in range(4):
+            n = 600 if p * 4 + s in long_rows else int(rng.integers(40, 80))
+            out.append(RolloutRecord.make(epoch, float(epoch), prompt, rng.integers(1, vocab, n).tolist(), "stop"))
+    return out
+
+
+def test_large_low_acceptance_batch_drafts_nothing_until_it_drains_to_the_long_requests():
+    """160 requests of random tokens (history: other random completions of the same prompts), 4 of them 600 tokens
+    long, the rest 40-80: while the batch is large no row is speculated (the Speculator's counters), and the few
+    long requests left at the end are drafted."""
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(1, 5000, 24).tolist() for _ in range(40)]
+    train = [_random_batch(rng, prompts, e) for e in range(2)]
+    evals = _random_batch(rng, prompts, 2, long_rows=(3, 50, 101, 150))
+    d = drafters.make_drafter("das+controller", controller_config=drafters.controller_config(7.0, 0.025))
+    res = simulation.simulate(d, train, evals, 7.0, 0.025)
+    running = [b for _, b in res.batch_trace[:-1]]
+    speculated = d.speculated_per_step  # one per Speculator.step: the engine steps, then the one after the last
+    assert len(speculated) == res.steps + 1
+    large = [i for i, b in enumerate(running) if b >= 100 and i >= 3]
+    assert len(large) >= 30
+    busy = [(i, running[i], speculated[i]) for i in large if speculated[i]]
+    assert not busy, f"(step, running, rows speculated) while the batch is large: {busy}"
+    assert all(d.silent_per_step[i] == 1 for i in large)
+    assert res.counters["silent_steps"] >= len(large)
+    # ... and as the batch drains to the four long requests, they are drafted
+    assert running[-10:] == [4] * 10
+    assert all(s > 0 for s in speculated[-10:-1]), speculated[-10:]
+    assert res.counters["speculated_rows"] > 0
+
+
+def test_cpu_knobs_reach_the_replay_json(jsonl, tmp_path):
+    out = tmp_path / "knobs.json"
+    assert replay.main(["--rollouts", str(jsonl), "--drafters", "none,suffix,das+controller", "--host-speed", "2",
+                        "--async-off-ms", "1.5", "--draft-threads", "2", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["host_speed"] == 2.0 and data["async_off_ms"] == 1.5 and data["draft_threads"] == 2
+    by = {r["drafter"]: r for r in data["results"]}
+    assert by["das+controller"]["cpu_clock"] == "wall" and by["suffix"]["cpu_clock"] == "thread"
+    assert by["none"]["cpu_clock"] == "none" and by["none"]["time_cpu_ms"] == by["none"]["time_ms"]
+    for name in ("suffix", "das+controller"):  # speculative: the async-off charge on every step, plus the CPU
+        r = by[name]
+        assert r["time_cpu_ms"] == pytest.approx(r["time_ms"] + r["cpu_ms"] + 1.5 * r["tail_passes"])
+        assert r["cpu_ms"] == pytest.approx(1000.0 * r["drafter_seconds"] / 2.0, rel=0.3)  # + background beyond fwd
+    assert drafters.make_drafter("das+siblings").wall_timed is False

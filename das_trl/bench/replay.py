@@ -63,7 +63,7 @@ def add_cpu_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--host-speed", type=_positive, default=1.0,
                    help="how much faster the target host's CPU runs the proposer than this machine: the measured "
                         "CPU time is divided by it (1 = this machine; default %(default)s)")
-    g.add_argument("--draft-threads", type=int, default=None,
+    g.add_argument("--draft-threads", type=_threads, default=None,
                    help="run the DAS drafter with this many drafting threads (DrafterConfig.draft_threads; default "
                         "1) and, when > 1, time its calls by the wall clock (thread CPU time would miss the workers)")
     g.add_argument("--async-off-ms", type=float, default=0.0,
@@ -76,6 +76,13 @@ def _positive(text: str) -> float:
     value = float(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _threads(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 64:
+        raise argparse.ArgumentTypeError(f"must be an int in [1, 64], got {text}")
     return value
 
 
