@@ -76,17 +76,20 @@ class DASGRPOConfig(GRPOConfig):
     )
     das_budget_controller: dict | str | None = field(
         default=None,
-        metadata={"help": "Per-step draft budgets from the batch budget controller (the default): every request is "
-                          "drafted up to das_num_speculative_tokens, then each keeps the draft tokens whose expected "
-                          "saving pays for their verification under the cost model c_base + c_tok * tokens per "
-                          "forward pass; requests likely to finish last (estimated from their problem's windowed "
-                          "history lengths) are worth the most, so the tail drafts nearly everything and large "
-                          "batches keep only likely-accepted tokens (das_trl.budget.controller). A dict (or JSON) "
-                          "of das_trl.budget.controller.ControllerConfig fields, e.g. {\"c_base_ms\": 7.0, "
-                          "\"c_tok_ms\": 0.025, \"cost_source\": \"config\"}. None uses the defaults: the cost "
-                          "model fitted online from the engine's own step times once that fit is reliable, 7 ms + "
-                          "0.025 ms/token (the DAS paper's GPU figures) until then. Measure your device with "
-                          "`das-trl bench cost-profile`."},
+        metadata={"help": "Per-step draft budgets from the batch budget controller (das_trl.budget), the one budget "
+                          "path. Each engine step it first plans which requests can pay for a draft at all (who is "
+                          "likely to finish last, from the problem's windowed history lengths; each request's own "
+                          "recent acceptance; the proposer's CPU per drafted row, draft_row_us, since vLLM runs it on "
+                          "the engine's critical path), drafts only those up to das_num_speculative_tokens, then keeps "
+                          "the draft tokens whose expected saving pays for their verification under the cost model "
+                          "c_base + c_tok * tokens per forward pass. A step where nothing pays drafts nothing and "
+                          "costs the engine almost nothing. A dict (or JSON) of "
+                          "das_trl.budget.controller.ControllerConfig fields, e.g. {\"c_base_ms\": 7.0, "
+                          "\"c_tok_ms\": 0.025, \"draft_row_us\": 5.0}. None uses the defaults: 7 ms + 0.025 "
+                          "ms/token (the DAS paper's GPU figures; measure your device with `das-trl bench "
+                          "cost-profile`). {\"cost_source\": \"online\"} fits the cost model from the engine's "
+                          "own step times instead; measured times then steer the drafts, so two runs with the same "
+                          "seed no longer give the same rollouts."},
     )
     das_length_policy: dict | str | None = field(
         default=None,
