@@ -8,25 +8,26 @@ run's early history against its converged end). Each replay point is run once pe
 do not depend on the cost model are run once and re-costed for every ``--c-tok`` (``ReplayResult.time_at``), the
 cost-aware ones (``das+controller``, ``das+cost``) are re-run per cost model.
 
-Per set, drafter and cost model the table gives:
+Per set, drafter and cost model the table (:func:`das_trl.bench.report.format_table`) gives tokens per round (and vs
+``suffix``), the tail in engine steps (and vs ``none``), the cost-model time without the CPU (``c_base * steps +
+c_tok * verified tokens``; vs ``none`` and vs the better of ``none`` and ``suffix``), the proposer's CPU per engine
+step and per request-round (the calls the live proposer makes, timed in the replay: :mod:`das_trl.bench.simulation`),
+and the time with that CPU (``/ --host-speed``, plus ``--async-off-ms`` per step for speculative methods; vs ``none``
+and vs the better of ``none`` and ``suffix``, each with its own CPU); then the two bounds, ``oracle-trim``
+(``das+siblings``' drafts cut to exactly their accepted tokens; ``das+siblings`` is replayed for it when it is not
+among the drafters) and ``oracle-text`` (the true continuation at K = 16), without CPU. The summary gives, per set
+and cost model, the trainer default's time with the CPU vs ``none`` and vs the better of ``none`` and ``suffix``,
+its gap to ``oracle-trim`` and its tokens per round.
 
-- ``tok/round vs suffix``: tokens per verification round relative to vLLM's ``suffix`` method (drafting quality);
-- ``tail vs none``: the most rounds any request needed (the batch's makespan in engine steps) relative to no
-  speculation;
-- ``time vs best``: cost-model time (``c_base * steps + c_tok * verified tokens``) relative to the better of ``none``
-  and ``suffix`` (< 1: faster than both);
-- ``us/req-round`` and ``vs suffix``: the drafter's own CPU time per request-round on this machine (it is added to
-  every engine step), absolute and relative to ``suffix``.
-
-Cost-model times are model figures, not measured wall times. Outputs: the table on stdout, ``--json`` (every
-result), and ``--plots DIR`` (one PNG per replay point: running requests over cost-model time, and the four ratios
-per drafter).
+Cost-model times are model figures, not measured wall times; the CPU times are measured on this machine. Outputs:
+the tables on stdout, ``--json`` (the summary, every ratio and result), and ``--plots DIR`` (one PNG per replay
+point and cost model: running requests over cost-model time, and the ratios per drafter and bound).
 
 CLI::
 
     das-trl bench suite --sets benchmarks/sets ../shared/realdata [--c-tok 0.005 0.025 0.1] [--c-base 7]
         [--drafters none,ngram,suffix,das+siblings,das+policy,das+controller] [--json OUT] [--plots DIR]
-        [--cache DIR]
+        [--cache DIR] [--host-speed 1] [--draft-threads N] [--async-off-ms 0]
 """
 
 from __future__ import annotations
