@@ -61,6 +61,18 @@ void match_tail(const A& a, const int32_t* ctx, int ctx_len, int64_t text_len, i
   }
 }
 
+// Row i of a batch's outputs reads as "no draft" (tokens / accept zeroed only when fill_idle).
+inline void no_draft(int64_t i, int K, int32_t* tokens, double* accept, int32_t* lengths, int8_t* source,
+                     int32_t* match_len, bool fill_idle) {
+  lengths[i] = 0;
+  source[i] = -1;
+  match_len[i] = 0;
+  if (fill_idle) {
+    std::fill(tokens + i * K, tokens + (i + 1) * K, 0);
+    std::fill(accept + i * K, accept + (i + 1) * K, 0.0);
+  }
+}
+
 }  // namespace
 
 void DrafterConfig::validate() const {
@@ -129,9 +141,7 @@ void Drafter::ingest_deferred_locked() {
   for (size_t j = 0; j < m; ++j) {
     if (j + 2 < m) prefetch_row(reqs_[defer_rows_[j + 2].slot], nullptr, nullptr);
     const Deferred& d = defer_rows_[j];
-    Request& r = reqs_[d.slot];
-    r.queued -= d.n;
-    extend_locked(r, defer_tokens_.data() + d.begin, d.n);
+    extend_locked(reqs_[d.slot], defer_tokens_.data() + d.begin, d.n);
   }
   defer_rows_.clear();
   defer_tokens_.clear();
@@ -175,7 +185,7 @@ Drafter::IngestStats Drafter::ingest_stats() const {
 }
 
 Drafter::Request& Drafter::req(int32_t slot) {
-  if (slot < 0 || slot >= static_cast<int32_t>(reqs_.size()) || !reqs_[slot].active)
+  if (slot < 0 || slot >= static_cast<int32_t>(reqs_.size()) || !hot_[slot].active)
     throw std::out_of_range("request slot " + std::to_string(slot) + " is not active (call start first)");
   return reqs_[slot];
 }
@@ -188,17 +198,19 @@ void Drafter::start(int32_t slot, const int32_t* prompt, int64_t n, uint64_t pro
 
 void Drafter::start_locked(int32_t slot, const int32_t* prompt, int64_t n, uint64_t problem) {
   if (slot < 0 || slot > (1 << 24)) throw InputError("slot must be in [0, 2**24], got " + std::to_string(slot));
-  if (slot >= static_cast<int32_t>(reqs_.size())) reqs_.resize(slot + 1);
+  if (slot >= static_cast<int32_t>(reqs_.size())) reqs_.resize(slot + 1), hot_.resize(slot + 1);
   Request& r = reqs_[slot];
-  if (r.active) throw InputError("request slot " + std::to_string(slot) + " is already active");
-  r.active = true;
+  Hot& h = hot_[slot];
+  if (h.active) throw InputError("request slot " + std::to_string(slot) + " is already active");
+  h.active = true;
+  h.seen = 0;
+  h.prompt_len = n;
+  h.pend_n = -1;
   r.problem = problem;
   r.text_len = n;
-  r.prompt_len = n;
   r.output_len = 0;
   r.ctx.assign(prompt + (n - std::min<int64_t>(n, cfg_.match_context)), prompt + n);
   r.hm[0] = r.hm[1] = HistMatch();
-  r.pend_n = -1;
   r.local_cur = Automaton::Cursor();
   if (cfg_.use_local) {
     if (!r.local) r.local = std::make_unique<Automaton>(cfg_.depth); else r.local->clear();
@@ -213,9 +225,13 @@ void Drafter::start_locked(int32_t slot, const int32_t* prompt, int64_t n, uint6
 
 void Drafter::extend(int32_t slot, const int32_t* tokens, int64_t n) {
   Lock lk = lock_synced();
-  extend_locked(req(slot), tokens, n);
+  Request& r = req(slot);
+  if (n > 0) hot(r).seen += n;
+  extend_locked(r, tokens, n);
 }
 
+// Appends to the request's automata, gram sets and match state; Hot (the caller's) is not touched: the ingest thread
+// runs this too.
 void Drafter::extend_locked(Request& r, const int32_t* tokens, int64_t n) {
   if (n <= 0) return;
   if (r.local)
@@ -238,15 +254,16 @@ void Drafter::stop(int32_t slot) {
 void Drafter::stop_locked(Request& r) {
   if (r.seq >= 0) pool_.stop(r.seq, r.output_len);
   r.seq = -1;
-  r.active = false;
-  r.pend_n = -1;
+  Hot& h = hot(r);
+  h.active = false;
+  h.pend_n = -1;
   if (r.local && r.local->num_states() > 4096) r.local.reset();  // do not keep a long request's memory around
   --active_;
 }
 
 bool Drafter::active(int32_t slot) const {
   std::lock_guard<std::mutex> lk(mu_);
-  return slot >= 0 && slot < static_cast<int32_t>(reqs_.size()) && reqs_[slot].active;
+  return slot >= 0 && slot < static_cast<int32_t>(reqs_.size()) && hot_[slot].active;
 }
 
 uint64_t Drafter::problem_of(int32_t slot) const {
@@ -292,7 +309,8 @@ void Drafter::propose_row(Request& r, int budget, const Snapshot* psnap, const S
   out.length = 0;
   out.source = -1;
   out.match_len = 0;
-  r.pend_n = -1;  // a draft never reported verified teaches nothing
+  Hot& h = hot(r);
+  h.pend_n = -1;  // a draft never reported verified teaches nothing
   const int k = std::min(budget, cfg_.max_spec_tokens);
   if (k <= 0) return;
   ++ctr.proposals;
@@ -430,7 +448,7 @@ void Drafter::propose_row(Request& r, int budget, const Snapshot* psnap, const S
   out.length = best_n;
   out.source = static_cast<int8_t>(c.source);
   out.match_len = c.d.match_len;
-  r.pend_n = best_n;
+  h.pend_n = best_n;
   r.pend_source = c.source;
   r.pend_match = c.d.match_len;
   std::copy(best_prior, best_prior + best_n, r.pend_prior);
@@ -470,14 +488,8 @@ void Drafter::propose_rows(const int32_t* slots, const int32_t* budgets, int64_t
       draft_rows_.push_back(static_cast<int32_t>(i));
       continue;
     }
-    reqs_[slots[i]].pend_n = -1;  // a draft never reported verified teaches nothing
-    lengths[i] = 0;
-    source[i] = -1;
-    match_len[i] = 0;
-    if (fill_idle) {
-      std::fill(tokens + i * K, tokens + (i + 1) * K, 0);
-      std::fill(accept + i * K, accept + (i + 1) * K, 0.0);
-    }
+    hot_[slots[i]].pend_n = -1;  // a draft never reported verified teaches nothing
+    no_draft(i, K, tokens, accept, lengths, source, match_len, fill_idle);
   }
   const int64_t m = static_cast<int64_t>(draft_rows_.size());
   if (m == 0) return;
@@ -544,38 +556,47 @@ void Drafter::step(const int32_t* matrix, int64_t rows_in_matrix, int64_t row_le
   // The previous step's deferred tokens first (usually ingested by the thread during the forward pass already).
   sync_locked();
   const bool defer = ingest_thread_.joinable() && !drafting;
+  const int K = cfg_.max_spec_tokens;
   for (int64_t i = 0; i < n; ++i) {
-    Request& r = reqs_[slots[i]];
+    Hot& h = hot_[slots[i]];
     const int32_t* text = matrix + static_cast<int64_t>(rows[i]) * row_len;
     const int64_t num_output = static_cast<int64_t>(num_tokens[i]) - num_prompt[i];
-    if (r.output_len + r.queued > num_output || r.prompt_len != num_prompt[i]) {
+    if (h.seen > num_output || h.prompt_len != num_prompt[i]) {
       // Preempted and recomputed from a shorter state (or a new prompt): start over from the prompt. Rows deferred
       // earlier in this step are ingested first, so the automata see the synchronous path's order.
       if (defer) sync_locked();
+      Request& r = reqs_[slots[i]];
       const uint64_t problem = r.problem;
       stop_locked(r);
       start_locked(slots[i], text, num_prompt[i], problem);
-    } else if (r.pend_n > 0 && num_sampled[i] > 0) {
-      int64_t verified = r.pend_n;
+    } else if (h.pend_n > 0 && num_sampled[i] > 0) {
+      int64_t verified = h.pend_n;
       if (num_verified[i] >= 0) verified = std::min<int64_t>(verified, num_verified[i]);
-      record_locked(r, std::min<int64_t>(verified, num_sampled[i] - 1), verified);
+      record_locked(reqs_[slots[i]], std::min<int64_t>(verified, num_sampled[i] - 1), verified);
     }
-    const int64_t known = r.output_len + r.queued;
+    const int64_t known = h.seen;
     const int64_t fresh = num_output - known;
-    if (fresh <= 0) continue;
-    if (defer) {
+    if (fresh > 0) {
       const int32_t* from = text + num_prompt[i] + known;
-      defer_rows_.push_back(Deferred{slots[i], static_cast<int64_t>(defer_tokens_.size()), fresh});
-      defer_tokens_.insert(defer_tokens_.end(), from, from + fresh);
-      r.queued += fresh;
-    } else {
-      if (i + 2 < n) prefetch_row(reqs_[slots[i + 2]], nullptr, nullptr);
-      extend_locked(r, text + num_prompt[i] + known, fresh);
+      h.seen = num_output;
+      if (defer) {
+        defer_rows_.push_back(Deferred{slots[i], static_cast<int64_t>(defer_tokens_.size()), fresh});
+        if (fresh == 1) defer_tokens_.push_back(*from); else defer_tokens_.insert(defer_tokens_.end(), from, from + fresh);
+      } else {
+        if (i + 2 < n) prefetch_row(reqs_[slots[i + 2]], nullptr, nullptr);
+        extend_locked(reqs_[slots[i]], from, fresh);
+      }
+    }
+    if (defer) {  // no row drafts: what propose_rows writes for a row without a budget
+      h.pend_n = -1;
+      no_draft(i, K, tokens, accept, lengths, source, match_len, fill_idle);
     }
   }
-  // In a deferred step no row drafts: this only writes the "no draft" outputs.
-  propose_rows(slots, budgets, n, tokens, accept, lengths, source, match_len, fill_idle);
-  if (!defer || defer_rows_.empty()) return;
+  if (!defer) {
+    propose_rows(slots, budgets, n, tokens, accept, lengths, source, match_len, fill_idle);
+    return;
+  }
+  if (defer_rows_.empty()) return;
   ++ingest_.deferred_steps;
   lk.unlock();
   ingest_cv_.notify_one();
@@ -585,24 +606,26 @@ void Drafter::trim(const int32_t* slots, const int32_t* lengths, int64_t n) {
   Lock lk = lock_synced();
   for (int64_t i = 0; i < n; ++i) {
     Request& r = req(slots[i]);
+    Hot& h = hot(r);
     const int keep = std::max(0, lengths[i]);
-    if (r.pend_n <= keep) continue;
-    ctr_.draft_tokens -= r.pend_n - keep;
+    if (h.pend_n <= keep) continue;
+    ctr_.draft_tokens -= h.pend_n - keep;
     if (keep == 0) {
       --ctr_.drafts;
       --ctr_.wins[r.pend_source];
-      r.pend_n = -1;
+      h.pend_n = -1;
     } else {
-      r.pend_n = keep;
+      h.pend_n = keep;
     }
   }
 }
 
 void Drafter::record_locked(Request& r, int64_t accepted, int64_t verified) {
-  if (r.pend_n < 0) return;
-  int n = r.pend_n;
+  Hot& h = hot(r);
+  if (h.pend_n < 0) return;
+  int n = h.pend_n;
   if (verified >= 0) n = static_cast<int>(std::min<int64_t>(n, verified));
-  r.pend_n = -1;
+  h.pend_n = -1;
   ++ctr_.verified_drafts;
   ctr_.verified_tokens += n;
   ctr_.accepted_tokens += std::min<int64_t>(std::max<int64_t>(accepted, 0), n);
@@ -627,6 +650,7 @@ void Drafter::reset_requests() {
   defer_tokens_.clear();
   ingest_error_ = nullptr;
   reqs_.clear();
+  hot_.clear();
   pool_.clear();
   active_ = 0;
   ctr_ = Counters();
@@ -662,13 +686,15 @@ Drafter::LiveStats Drafter::live_stats() const {
   s.group_tokens = pool_.group_tokens();
   size_t b = pool_.bytes();
   std::tie(s.group_appends, s.group_chain_steps) = pool_.walk_totals();
-  for (const auto& r : reqs_) {
+  for (size_t i = 0; i < reqs_.size(); ++i) {
+    const Request& r = reqs_[i];
+    const bool active = hot_[i].active;
     if (r.local) {
       b += r.local->bytes();
-      if (r.active) s.local_appends += r.local->appends(), s.local_chain_steps += r.local->chain_steps();
+      if (active) s.local_appends += r.local->appends(), s.local_chain_steps += r.local->chain_steps();
     }
-    b += r.ctx.capacity() * sizeof(int32_t) + sizeof(Request);
-    if (r.active) s.local_tokens += r.text_len;
+    b += r.ctx.capacity() * sizeof(int32_t) + sizeof(Request) + sizeof(Hot);
+    if (active) s.local_tokens += r.text_len;
   }
   s.bytes = static_cast<int64_t>(b);
   return s;
@@ -679,7 +705,7 @@ std::string Drafter::check() const {
   std::string g = pool_.check();
   if (!g.empty()) return g;
   for (size_t i = 0; i < reqs_.size(); ++i) {
-    if (!reqs_[i].active || !reqs_[i].local) continue;
+    if (!hot_[i].active || !reqs_[i].local) continue;
     std::string e = reqs_[i].local->check();
     if (!e.empty()) return "local automaton of slot " + std::to_string(i) + ": " + e;
   }

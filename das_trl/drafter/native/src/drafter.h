@@ -149,17 +149,23 @@ class Drafter {
     int32_t ell = 0;
     int64_t pending = 0;   // tokens appended since the state was advanced
   };
-  struct Request {
+  // What a step reads and writes of every row, dense by slot (24 bytes: a cache line holds 2-3 rows) and never
+  // written by the ingest thread, so that a step where no row drafts touches a few contiguous lines per row instead
+  // of each request's scattered (and, after a deferred ingest, another core's) state.
+  struct Hot {
+    int64_t seen = 0;        // output tokens received: ingested (Request::output_len) + waiting in defer_tokens_
+    int64_t prompt_len = 0;
+    int32_t pend_n = -1;     // unverified draft: length (-1: none); its source, match length, priors in Request
     bool active = false;
+  };
+  struct Request {
     uint64_t problem = 0;
     std::unique_ptr<Automaton> local;
     Automaton::Cursor local_cur;
     std::vector<int32_t> ctx;  // recent tokens (at least the last match_context)
-    int64_t text_len = 0, output_len = 0, prompt_len = 0;
+    int64_t text_len = 0, output_len = 0;  // ingested
     int32_t seq = -1;
     HistMatch hm[2];  // [0] problem snapshot, [1] global snapshot
-    int64_t queued = 0;  // output tokens in the deferred-ingest buffer (not yet in output_len)
-    int pend_n = -1;  // unverified draft: length (-1: none), source, match length, prior estimates
     int pend_source = 0, pend_match = 0;
     double pend_prior[kMaxSpec];
   };
@@ -176,6 +182,7 @@ class Drafter {
 
   Request& req(int32_t slot);
   const Request& req(int32_t slot) const;
+  Hot& hot(const Request& r) { return hot_[&r - reqs_.data()]; }
   void sync_history(Request& r, const Snapshot& s, HistMatch& hm) const;
   int64_t snapshot_support(const Snapshot& s, const RawDraft& d, const int32_t* ctx, int ctx_len) const;
   void propose_row(Request& r, int budget, const Snapshot* problem_snap, const Snapshot* global_snap, RowOut& out,
@@ -200,6 +207,7 @@ class Drafter {
   SpecParams sp_;
   mutable std::mutex mu_;
   std::vector<Request> reqs_;
+  std::vector<Hot> hot_;  // by slot, as reqs_
   LivePool pool_;
   HistoryIndex history_;
   Calibrator cal_;
