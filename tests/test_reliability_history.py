@@ -46,6 +46,7 @@ def _trainer(engine, tmp_path) -> DASGRPOTrainer:
     t.das = {"record_rollouts": None, "window": WINDOW, "history_token_budget": BUDGET}
     t._das_pending, t._das_last_counters = [], {}
     t._das_rollout_seconds = t._das_weight_sync_seconds = 0.0
+    t._das_native_core = None  # set at __init__ in colocate mode only
     t._das_mirror = DASHistoryMirror(WINDOW, BUDGET)
     t._das_stale = True
     t._metrics = {"train": defaultdict(list)}

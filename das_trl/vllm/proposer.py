@@ -210,7 +210,8 @@ class DASProposer:
         spec = self.speculator
         batch = self._runner.input_batch
         req_ids = batch.req_ids[:n]
-        if req_ids != self._last_req_ids:  # requests left or joined: retire the ones gone
+        changed = req_ids != self._last_req_ids
+        if changed:  # requests left or joined: retire the ones gone
             live = set(req_ids)
             for req_id in [r for r in spec.tracked() if r not in live]:
                 spec.finish(req_id)
@@ -223,7 +224,9 @@ class DASProposer:
             ids = [req_ids[r] for r in rows.tolist()]
         num_tokens = np.asarray(num_tokens_no_spec[:n], dtype=np.int64)[rows]
         num_prompt = np.asarray(batch.num_prompt_tokens[:n], dtype=np.int64)[rows]
-        new_rows = [i for i, req_id in enumerate(ids) if req_id not in spec]
+        # Same batch as last step and every row tracked: nothing new to start (no per-row scan).
+        same = not changed and len(ids) == n == len(spec)
+        new_rows = [] if same else [i for i, req_id in enumerate(ids) if req_id not in spec]
         for i in new_rows:  # first sight of a request
             self._start(ids[i], token_ids_cpu[rows[i], :num_prompt[i]])
         verified = self._verified_lengths(rows)

@@ -101,6 +101,10 @@ class Speculator:
     def __contains__(self, req_id: str) -> bool:
         return req_id in self._slot_of
 
+    def __len__(self) -> int:
+        """Requests tracked."""
+        return len(self._slot_of)
+
     def forget(self) -> None:
         """Forget every tracked request without stopping it in the drafter (after the drafter was reset)."""
         self._slot_of.clear()
