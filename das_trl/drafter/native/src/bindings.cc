@@ -321,6 +321,42 @@ NB_MODULE(_das_native, m) {
       },
       "accept"_a, "table"_a, "pooled"_a, "generated"_a, "cap"_a, "tau_obs"_a, "draws"_a, "params"_a, "lengths"_a,
       "value"_a, "p"_a, "expected_kept"_a, "rem_mean"_a,
-      "Per-row draft budgets of one engine step (das_trl/drafter/controller.py, BudgetController.budgets); see "
+      "Per-row draft budgets of one engine step (das_trl/budget/controller.py, BudgetController.budgets); see "
       "src/controller.h for shapes. Returns the expected makespan in rounds.");
+
+  m.def(
+      "controller_cut",
+      [](nb::ndarray<const double, nb::ndim<2>, nb::c_contig, nb::device::cpu> accept,
+         nb::ndarray<const double, nb::ndim<2>, nb::c_contig, nb::device::cpu> table, In1<double> pooled,
+         In1<double> generated, In1<double> cap,
+         nb::ndarray<const double, nb::ndim<3>, nb::c_contig, nb::device::cpu> draws, In1<double> weight,
+         const nb::dict& params, Out1<int32_t> lengths, Out1<double> value, Out1<double> expected_kept) {
+        const size_t n = accept.shape(0);
+        for (auto [name, got] : {std::pair<const char*, size_t>{"table", table.shape(0)},
+                                 {"generated", generated.shape(0)}, {"cap", cap.shape(0)},
+                                 {"draws", draws.shape(1)}, {"weight", weight.shape(0)},
+                                 {"lengths", lengths.shape(0)}, {"value", value.shape(0)},
+                                 {"expected_kept", expected_kept.shape(0)}})
+          need_rows(name, got, n);
+        if (draws.shape(0) != 4) throw das::InputError("draws must be [4, n, samples]");
+        if (n && table.shape(1) == 0) throw das::InputError("table needs at least one column");
+        if (draws.shape(2) == 0) throw das::InputError("draws needs at least one sample");
+        das::ControllerParams prm;
+        prm.ratio = get<double>(params, "ratio", prm.ratio);
+        prm.c_tok_ms = get<double>(params, "c_tok_ms", prm.c_tok_ms);
+        prm.draft_margin = get<double>(params, "draft_margin", prm.draft_margin);
+        prm.pooled_weight = get<double>(params, "pooled_weight", prm.pooled_weight);
+        prm.jitter = get<double>(params, "length_jitter", prm.jitter);
+        prm.extrapolation_fraction = get<double>(params, "extrapolation_fraction", prm.extrapolation_fraction);
+        prm.min_remaining = get<double>(params, "min_remaining", prm.min_remaining);
+        nb::gil_scoped_release nogil;
+        das::controller_cut(static_cast<int64_t>(n), static_cast<int64_t>(accept.shape(1)), accept.data(),
+                            static_cast<int64_t>(table.shape(1)), table.data(), static_cast<int64_t>(pooled.shape(0)),
+                            pooled.data(), generated.data(), cap.data(), static_cast<int64_t>(draws.shape(2)),
+                            draws.data(), weight.data(), prm, lengths.data(), value.data(), expected_kept.data());
+      },
+      "accept"_a, "table"_a, "pooled"_a, "generated"_a, "cap"_a, "draws"_a, "weight"_a, "params"_a, "lengths"_a,
+      "value"_a, "expected_kept"_a,
+      "The cut of a planned step for the drafted rows (das_trl/budget/controller.py, BudgetController.cut): kept "
+      "draft tokens per row given each row's weight c_base * P_i; see src/controller.h.");
 }
