@@ -28,7 +28,7 @@ from das_trl.drafter.draft_batch import DraftBatch
 #: Per-token acceptance outcomes of a request fade by this factor at each of its verified drafts (the gate's memory).
 _OUTCOME_DECAY = 0.8
 #: The engine-wide outcomes (every request's, the prior of a request with few of its own) fade by this per step.
-_GLOBAL_DECAY = 0.98
+_GLOBAL_DECAY = 0.99
 
 
 class Speculator:
@@ -255,10 +255,10 @@ class _RequestArrays:
     def acceptance(self, slots: np.ndarray) -> np.ndarray:
         """Predicted per-token acceptance ``float64 [n]`` (a geometric model: ``hits / (hits + misses)``): the
         request's fading record, with ``prior_rounds`` pseudo-rounds at the engine-wide rate, itself the fading record
-        of every request with 8 pseudo-rounds at the configured ``prior`` (so a step in which nothing was drafted
+        of every request with 2 pseudo-rounds at the configured ``prior`` (so a step in which nothing was drafted
         drifts back towards the prior, and the gate tries again)."""
         q0, r0 = self.prior, self.prior_rounds
-        g_hits = self.global_hits + 8.0 * q0 / (1.0 - q0)
-        qg = min(g_hits / (g_hits + self.global_misses + 8.0), 0.99)
+        g_hits = self.global_hits + 2.0 * q0 / (1.0 - q0)
+        qg = min(g_hits / (g_hits + self.global_misses + 2.0), 0.99)
         hits = self.hits[slots] + r0 * qg / (1.0 - qg)
         return hits / (hits + self.misses[slots] + r0)
