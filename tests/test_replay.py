@@ -223,18 +223,25 @@ def test_das_controller_times_exactly_the_speculator_calls(jsonl, monkeypatch):
 
 
 def _random_batch(rng, prompts, epoch, long_rows=(), vocab=5000):
+    """Four completions per prompt, random tokens of 40-80; a long row runs to 600 tokens and, past its first 100
+    random tokens, repeats a 24-token phrase (the loop a long chain of thought can fall into): a draft can pay there,
+    and only there."""
     out = []
     for p, prompt in enumerate(prompts):
         for s in range(4):
-            n = 600 if p * 4 + s in long_rows else int(rng.integers(40, 80))
-            out.append(RolloutRecord.make(epoch, float(epoch), prompt, rng.integers(1, vocab, n).tolist(), "stop"))
+            if p * 4 + s in long_rows:
+                phrase = rng.integers(1, vocab, 24).tolist()
+                tokens = rng.integers(1, vocab, 100).tolist() + (phrase * 21)[:500]
+            else:
+                tokens = rng.integers(1, vocab, int(rng.integers(40, 80))).tolist()
+            out.append(RolloutRecord.make(epoch, float(epoch), prompt, tokens, "stop"))
     return out
 
 
 def test_large_low_acceptance_batch_drafts_nothing_until_it_drains_to_the_long_requests():
     """160 requests of random tokens (history: other random completions of the same prompts), 4 of them 600 tokens
-    long, the rest 40-80: while the batch is large no row is speculated (the Speculator's counters), and the few
-    long requests left at the end are drafted."""
+    long (a repeated phrase after their first 100), the rest 40-80: while the batch is large no row is speculated
+    (the Speculator's counters), and the few long requests left at the end are drafted."""
     rng = np.random.default_rng(0)
     prompts = [rng.integers(1, 5000, 24).tolist() for _ in range(40)]
     train = [_random_batch(rng, prompts, e) for e in range(2)]

@@ -169,6 +169,7 @@ class Speculator:
         if len(empty):
             req.misses[empty] = _OUTCOME_DECAY * req.misses[empty] + 1.0
             req.hits[empty] *= _OUTCOME_DECAY
+            req.global_misses += len(empty)
         drafting = np.flatnonzero(out.lengths)
         if len(drafting):
             keep = np.zeros(n, np.int64)
