@@ -209,12 +209,14 @@ def test_native_stub_matches_the_compiled_module():
     functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
     (drafter,) = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Drafter"]
     methods = {node.name: node for node in drafter.body if isinstance(node, ast.FunctionDef)}
-    assert set(functions) == {n for n in dir(module) if callable(getattr(module, n)) and not n.startswith("_")} \
-        - {"Drafter"}
-    assert set(methods) - {"__init__"} == {n for n in dir(module.Drafter) if not n.startswith("_")}
+    fix = "update das_trl/drafter/native/_das_native.pyi to the bindings in src/bindings.cc"
+    exported = {n for n in dir(module) if callable(getattr(module, n)) and not n.startswith("_")} - {"Drafter"}
+    assert set(functions) == exported, (fix, sorted(set(functions) ^ exported))
+    bound = {n for n in dir(module.Drafter) if not n.startswith("_")}
+    assert set(methods) - {"__init__"} == bound, (fix, sorted((set(methods) - {"__init__"}) ^ bound))
     assert hasattr(module, "MAX_SPEC_TOKENS") and "MAX_SPEC_TOKENS" in ast.unparse(tree)
     for name, node in [*functions.items(), *((f"Drafter.{k}", v) for k, v in methods.items())]:
         assert ast.get_docstring(node), f"{name} has no docstring in the stub"
         compiled = getattr(module, name) if "." not in name else getattr(module.Drafter, name.split(".")[1])
         declared = [a.arg for a in node.args.args]
-        assert declared == _nb_parameters(compiled), (name, declared, _nb_parameters(compiled))
+        assert declared == _nb_parameters(compiled), (fix, name, declared, _nb_parameters(compiled))
