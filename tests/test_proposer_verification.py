@@ -31,7 +31,7 @@ def test_length_policy_is_refused_with_the_replacement_named(rng):
     worker, prompts, texts = _setup(rng)
     before = worker.proposer.controller
     reply = worker.das_attach(json.dumps({"length_policy": {"mode": "tiers"}}))
-    assert not reply["ok"] and "das_budget_controller" in reply["error"] and "das+tiers" in reply["error"]
+    assert not reply["ok"] and "das_budget_controller" in reply["error"] and "das+policy" in reply["error"]
     assert worker.proposer.controller is before
 
 

@@ -15,7 +15,7 @@ def _settings(**das):
 def test_length_policy_is_refused_and_names_the_budget_controller():
     with pytest.raises(ValueError, match="das_budget_controller") as err:
         validate_das_settings(_settings(length_policy={"mode": "tiers"}))
-    assert "das+tiers" in str(err.value)
+    assert "das+policy" in str(err.value)
 
 
 def test_budget_controller_is_the_one_budget_path_sent_to_the_engine():

@@ -95,7 +95,7 @@ class DASGRPOConfig(GRPOConfig):
         default=None,
         metadata={"help": "Removed in 0.2 (the earlier tier policy): setting it is an error that names "
                           "das_budget_controller, the one budget path. The paper's tiers remain as the replay "
-                          "baseline `das+tiers`."},
+                          "baseline `das+policy`."},
     )
     das_weight_sync: str = field(
         default="auto",
