@@ -3,9 +3,9 @@
 vLLM instantiates ``DASProposer(vllm_config)`` in the model runner and calls :meth:`DASProposer.propose` after every
 engine step with the tokens each running request just got. ``propose`` receives no request ids, so until the worker
 extension hands it the model runner (:meth:`DASProposer.attach`) it proposes nothing and says so in its stats. Once
-attached, it maps each batch row to its request (``input_batch.req_ids``), feeds the request's new tokens to the
-:class:`~das_trl.drafter.DASDrafter`, and returns one draft per row; vLLM's rejection sampler verifies the drafts, so
-outputs are those of the target model.
+attached, it maps each batch row to its request (``input_batch.req_ids``), hands the step to the
+:class:`~das_trl.vllm.speculator.Speculator` (plan, draft the planned rows with the native drafter, cut), and returns
+one draft per row; vLLM's rejection sampler verifies the drafts, so outputs are those of the target model.
 
 Upstream API: ``vllm/v1/spec_decode/custom_class_proposer.py`` and ``GPUModelRunner.propose_draft_token_ids``
 (vLLM 0.32), modelled on vLLM's own ``SuffixDecodingProposer``.
@@ -32,7 +32,7 @@ PROBLEM_ID_KEY = "das_problem_id"
 
 
 class DASProposer:
-    """vLLM custom proposer backed by a :class:`DASDrafter`.
+    """vLLM custom proposer backed by the DAS drafter and budget controller (:class:`Speculator`).
 
     Args:
         vllm_config: vLLM's ``VllmConfig``; ``speculative_config.num_speculative_tokens`` (K) is the most tokens vLLM
@@ -154,7 +154,7 @@ class DASProposer:
                 the history a draft sees does not depend on timing and runs with the same seed draft the same.
 
         Returns:
-            ``DASDrafter.add_rollouts``'s summary.
+            the drafter's ``add_rollouts`` summary.
 
         Raises:
             ValueError: invalid ids or keys (nothing is changed).
@@ -312,7 +312,7 @@ class DASProposer:
         ``history_evicted_appearances``, ``active_requests``, ``calibration_tokens`` (verified draft tokens the drafter's
         acceptance calibration learned from), the drafter's live pool (``live_running_tokens``,
         ``live_finished_tokens``, ``live_token_budget``, ``live_evicted_outputs``, ``live_approx_bytes``: see
-        ``DASDrafter.stats``), ``conversation_prompts`` / ``conversation_prompts_evicted`` (first prompts known for
+        ``NativeDASDrafter.stats``), ``conversation_prompts`` / ``conversation_prompts_evicted`` (first prompts known for
         multi-turn keys, at most 65,536) and ``source_<name>`` (drafts won by each source).
         """
         out: dict[str, Any] = {"attached": self.attached, "num_speculative_tokens": self.num_speculative_tokens,
@@ -347,7 +347,7 @@ class DASProposer:
         return out
 
     def reset_history(self) -> None:
-        """Drop the drafter's history and live requests (``DASDrafter.reset``). The requests tracked so far are
+        """Drop the drafter's history and live requests (the drafter's ``reset``). The requests tracked so far are
         forgotten here too: one still running is taken up again at its next round (the drafter catches up from the
         engine's token rows), and one that ended is not stopped twice."""
         self.drafter.reset()
