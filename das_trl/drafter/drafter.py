@@ -400,7 +400,8 @@ class NativeDASDrafter:
         * ``ingest_caller_steps``: deferred ingests a caller did itself because the thread had not started them
           (on the caller's critical path);
         * ``ingest_background_seconds`` / ``ingest_last_seconds``: the thread's ingest time (steady clock) in all /
-          in its last step;
+          in its last step; ``ingest_background_cpu_seconds``: its CPU time in all (less than the steady time when
+          the thread waited for a core);
         * ``ingest_queued_tokens``: tokens waiting for the thread when stats was called (at most one step's).
 
         The live figures are read after any deferred ingest is complete."""
@@ -425,7 +426,9 @@ class NativeDASDrafter:
             live_tree_tokens=s["live_local_tokens"] + s["live_group_tokens"], live_approx_bytes=s["live_bytes"],
             live_rebuilds=s["live_rebuilds"], speculated_rows=s["proposals"], deferred_steps=s["deferred_steps"],
             ingest_caller_steps=s["caller_ingests"], ingest_background_seconds=s["ingest_background_seconds"],
-            ingest_last_seconds=s["ingest_last_seconds"], ingest_queued_tokens=s["ingest_queued_tokens"],
+            ingest_last_seconds=s["ingest_last_seconds"],
+            ingest_background_cpu_seconds=s["ingest_background_cpu_seconds"],
+            ingest_queued_tokens=s["ingest_queued_tokens"],
             backend="native")
         out["global_seqs"] = out.pop("global_seqs") or 0
         return out

@@ -275,6 +275,7 @@ def test_deferred_tokens_bounded_by_one_step():
     assert s["deferred_steps"] == deferred
     assert s["speculated_rows"] == s["proposals"] == 8 * n  # only the rows of drafting steps were speculated
     assert s["ingest_background_seconds"] >= s["ingest_last_seconds"] >= 0.0
+    assert s["ingest_background_cpu_seconds"] >= 0.0
     assert s["live_tree_tokens"] > 0 and d.check() == ""
 
 

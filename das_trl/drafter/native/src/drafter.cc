@@ -1,5 +1,7 @@
 #include "drafter.h"
 
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
 #include <string>
@@ -59,6 +61,13 @@ void match_tail(const A& a, const int32_t* ctx, int ctx_len, int64_t text_len, i
     const int64_t L = text_len - ctx_len + i + 1;
     advance(a, v, ell, ctx[i], static_cast<int32_t>(std::min<int64_t>(match_context - 1, L - 1)));
   }
+}
+
+// CPU time of the calling thread (seconds): the ingest thread's own work, apart from the time it waited for a core.
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
 // Row i of a batch's outputs reads as "no draft" (tokens / accept zeroed only when fill_idle).
@@ -123,6 +132,7 @@ void Drafter::ingest_loop() {
     ingest_cv_.wait(lk, [this] { return ingest_stop_ || (!ingest_hold_ && !defer_rows_.empty()); });
     if (ingest_stop_) return;
     const auto t0 = std::chrono::steady_clock::now();
+    const double c0 = thread_cpu_seconds();
     try {
       ingest_deferred_locked();
     } catch (...) {  // std::bad_alloc: the next caller that needs the state raises it
@@ -133,6 +143,7 @@ void Drafter::ingest_loop() {
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ingest_.background_seconds += dt;
     ingest_.last_seconds = dt;
+    ingest_.background_cpu_seconds += thread_cpu_seconds() - c0;
   }
 }
 

@@ -123,12 +123,12 @@ class Drafter {
     std::array<int64_t, kNumSources> wins{};
   };
   Counters counters() const;
-  // The deferred ingest: steps whose ingest was left to the thread, of them the ones a caller had to ingest itself
-  // (the thread had not started: on the critical path), the thread's ingest time (steady clock, seconds) in all
-  // and in its last step, tokens waiting now.
+  // The deferred ingest: steps whose ingest was left to the thread, the deferred ingests a caller did itself (the
+  // thread had not started: on the critical path), the thread's ingest time (steady clock, seconds) in all and in
+  // its last step, its CPU time in all (less than the steady time when it waited for a core), tokens waiting now.
   struct IngestStats {
     int64_t deferred_steps = 0, caller_ingests = 0, queued_tokens = 0;
-    double background_seconds = 0.0, last_seconds = 0.0;
+    double background_seconds = 0.0, last_seconds = 0.0, background_cpu_seconds = 0.0;
   };
   IngestStats ingest_stats() const;
   int64_t calibration_tokens() const;
