@@ -286,14 +286,18 @@ class NativeDASDrafter:
              num_prompt: np.ndarray, num_sampled: np.ndarray, num_verified: np.ndarray,
              max_tokens: np.ndarray, out: DraftBatch | None = None) -> DraftBatch:
         """One engine step in one native call (see :meth:`DASDrafter.step`), with request ids: maps them to slots
-        (:meth:`slot_of`, about 0.1-0.2 us per row) and calls :meth:`step_slots`, whose arguments and costs it has.
+        (:meth:`slot_of`; a dict lookup per row) and calls :meth:`step_slots`, whose arguments and costs it has.
 
         Raises:
             KeyError: an unknown request (nothing changed). ValueError: as :meth:`step_slots`.
         """
-        n = len(request_ids)
         with self._lock:
-            slots = np.fromiter((self._slot(r) for r in request_ids), dtype=np.int32, count=n)
+            try:
+                slots = np.array([self._slots[r] for r in request_ids], dtype=np.int32)
+            except KeyError:
+                for r in request_ids:
+                    self._slot(r)  # raises with the message
+                raise
         return self.step_slots(slots, token_matrix, rows, num_tokens, num_prompt, num_sampled, num_verified,
                                max_tokens, out)
 
