@@ -26,9 +26,9 @@ class DASReplayDrafter(Drafter):
 
     Timed (:mod:`.base`): the drafter's ``start_request`` / ``step`` / ``stop_request`` / ``trim`` calls. In a step
     where no row drafts, the native core leaves the new tokens to its ingest thread (``background_ingest``); that
-    work is completed right after the step and recorded as background (the ingest thread's time plus any part this
-    thread did), which the report charges only beyond the step's forward pass. With ``draft_threads`` > 1 the calls
-    are timed by the wall clock."""
+    work is completed right after the step and recorded as background (the ingest thread's CPU time plus any part
+    this thread did), which the report charges only beyond the step's forward pass. With ``draft_threads`` > 1 the
+    calls (and the ingest thread) are timed by the wall clock."""
 
     def __init__(self, name: str, config: DrafterConfig, policy: LengthPolicy | None = None,
                  fixed_budget: int = 16) -> None:
@@ -120,21 +120,27 @@ class DASReplayDrafter(Drafter):
         return rids, out
 
     def _ingest_seconds(self) -> float | None:
-        """The native core's ingest-thread seconds so far (``None``: a drafter without background ingest)."""
+        """The native core's ingest-thread time so far (``None``: a drafter without background ingest): its CPU
+        time (``ingest_background_cpu_seconds``, like the thread-time clock of the calls), or its steady-clock time
+        when the calls are timed by the wall clock or the core has no CPU figure."""
         if not getattr(self.d.config, "background_ingest", False) or not hasattr(self.d, "wait_for_ingest"):
             return None
-        return float(self.d.stats().get("ingest_background_seconds", 0.0))
+        stats = self.d.stats()
+        key = "ingest_background_cpu_seconds"
+        if self.wall_timed or key not in stats:
+            key = "ingest_background_seconds"
+        return float(stats.get(key, 0.0))
 
     def _collect_ingest(self) -> None:
         """After a step where no row drafted: complete its deferred ingest and record its time as background (the
-        ingest thread's, plus any part this thread did because the thread had not started it)."""
+        ingest thread's CPU time, plus any part this thread did because the thread had not started it)."""
         if self._ingest_seen is None:
             return
         clock = getattr(self.watch, "clock", time.thread_time)
         t0 = clock()
         self.d.wait_for_ingest()
         mine = clock() - t0
-        now = float(self.d.stats().get("ingest_background_seconds", 0.0))
+        now = self._ingest_seconds()
         self.watch.add_background(mine + now - self._ingest_seen)
         self._ingest_seen = now
 
