@@ -313,7 +313,8 @@ class DASProposer:
         acceptance calibration learned from), the drafter's live pool (``live_running_tokens``,
         ``live_finished_tokens``, ``live_token_budget``, ``live_evicted_outputs``, ``live_approx_bytes``: see
         ``NativeDASDrafter.stats``), ``conversation_prompts`` / ``conversation_prompts_evicted`` (first prompts known for
-        multi-turn keys, at most 65,536) and ``source_<name>`` (drafts won by each source).
+        multi-turn keys, at most 65,536), ``source_<name>`` (drafts won by each source) and ``drafter_backend``
+        (``"native"`` or ``"python"``).
         """
         out: dict[str, Any] = {"attached": self.attached, "num_speculative_tokens": self.num_speculative_tokens,
                                "engine_dtype": self.engine_dtype}
@@ -344,6 +345,7 @@ class DASProposer:
             out.update(self.conversations.stats())
         # Which source's candidate won each non-empty draft (per-problem history, running siblings, local, global).
         out.update({f"source_{name}": count for name, count in d["wins"].items()})
+        out["drafter_backend"] = d.get("backend", "python")  # the trainer logs das/native_core from it (server mode)
         return out
 
     def reset_history(self) -> None:
