@@ -21,6 +21,8 @@ from server_utils import start_das_server, stop
 pytestmark = [pytest.mark.engine, pytest.mark.trainer]
 
 STOCK_SCRIPT = Path(__file__).parent / "scripts" / "stock_trl_grpo.py"
+#: torch.distributed launch variables a subprocess must not inherit from in-process trainer tests.
+DIST_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 STOCK_IMPORT = "from trl import GRPOConfig, GRPOTrainer"
 DAS_IMPORT = "from das_trl.trainer import DASGRPOConfig, DASGRPOTrainer"
 
@@ -190,7 +192,11 @@ def test_trl_grpo_script_trains_through_das_and_exits_cleanly(tmp_path, model_pa
         .select_columns(["prompt", "entry", "task"]).to_json(str(data / "train.jsonl"))
     script = tmp_path / "trl_grpo_das.py"
     script.write_text(trl_script_das_variant(Path(trl_grpo.__file__).read_text()))
-    env = dict(os.environ, DAS_TRL_VLLM_KWARGS=json.dumps(
+    # A clean launch: earlier in-process trainer tests leave RANK / LOCAL_RANK / WORLD_SIZE / MASTER_* in os.environ
+    # (the colocated engine's process group, still bound); inherited, they made accelerate start a process group on
+    # that port (EADDRINUSE in a full run).
+    env = {k: v for k, v in os.environ.items() if k not in DIST_VARS}
+    env.update(DAS_TRL_VLLM_KWARGS=json.dumps(
         {"kv_cache_memory_bytes": 512 * 1024**2, "enforce_eager": True, "dtype": "float32"}),
         OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     out = tmp_path / "out"

@@ -30,8 +30,12 @@ def _run(out: Path) -> dict[int, list[list[int]]]:
            "--dynamo_backend", "no", str(ROOT / "recipes" / "grpo_das.py"),
            "--config", str(ROOT / "recipes" / "configs" / "embedded_default.yaml"), "--max_steps", str(STEPS),
            "--output_dir", str(out), "--das_record_rollouts", str(out / "rollouts.jsonl")]
+    # A clean launch, as scripts/main_job.sh's: earlier in-process trainer tests leave their process group's
+    # RANK / LOCAL_RANK / WORLD_SIZE / MASTER_* (still bound) in os.environ.
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                          env={**env, "PYTHONUNBUFFERED": "1"})
     assert proc.returncode == 0, proc.stderr[-4000:]
     by_step: dict[int, list[list[int]]] = defaultdict(list)
     for line in (out / "rollouts.jsonl").read_text().splitlines():
