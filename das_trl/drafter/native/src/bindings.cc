@@ -78,6 +78,30 @@ void need_rows(const char* what, size_t got, size_t n) {
     throw das::InputError(std::string(what) + " must have " + std::to_string(n) + " rows, got " + std::to_string(got));
 }
 
+// The controller kernels' settings from a dict (missing keys keep ControllerParams' defaults).
+das::ControllerParams controller_params(const nb::dict& params) {
+  das::ControllerParams prm;
+  prm.ratio = get<double>(params, "ratio", prm.ratio);
+  prm.tail_prior_weight = get<double>(params, "tail_prior_weight", prm.tail_prior_weight);
+  prm.c_base_ms = get<double>(params, "c_base_ms", prm.c_base_ms);
+  prm.c_tok_ms = get<double>(params, "c_tok_ms", prm.c_tok_ms);
+  prm.draft_margin = get<double>(params, "draft_margin", prm.draft_margin);
+  prm.pooled_weight = get<double>(params, "pooled_weight", prm.pooled_weight);
+  prm.jitter = get<double>(params, "length_jitter", prm.jitter);
+  prm.extrapolation_fraction = get<double>(params, "extrapolation_fraction", prm.extrapolation_fraction);
+  prm.min_remaining = get<double>(params, "min_remaining", prm.min_remaining);
+  prm.bins = get<int>(params, "bins", prm.bins);
+  if (prm.bins < 1) throw das::InputError("bins must be >= 1");
+  return prm;
+}
+
+// Shape checks shared by the controller kernels: draws [4, n, s >= 1], a table with at least one column.
+void check_samples(size_t n, size_t table_cols, size_t draw_kinds, size_t samples) {
+  if (draw_kinds != 4) throw das::InputError("draws must be [4, n, samples]");
+  if (n && table_cols == 0) throw das::InputError("table needs at least one column");
+  if (samples == 0) throw das::InputError("draws needs at least one sample");
+}
+
 }  // namespace
 
 NB_MODULE(_das_native, m) {
@@ -298,21 +322,8 @@ NB_MODULE(_das_native, m) {
                                  {"lengths", lengths.shape(0)}, {"value", value.shape(0)}, {"p", p.shape(0)},
                                  {"expected_kept", expected_kept.shape(0)}, {"rem_mean", rem_mean.shape(0)}})
           need_rows(name, got, n);
-        if (draws.shape(0) != 4) throw das::InputError("draws must be [4, n, samples]");
-        if (n && table.shape(1) == 0) throw das::InputError("table needs at least one column");
-        if (draws.shape(2) == 0) throw das::InputError("draws needs at least one sample");
-        das::ControllerParams prm;
-        prm.ratio = get<double>(params, "ratio", prm.ratio);
-        prm.tail_prior_weight = get<double>(params, "tail_prior_weight", prm.tail_prior_weight);
-        prm.c_base_ms = get<double>(params, "c_base_ms", prm.c_base_ms);
-        prm.c_tok_ms = get<double>(params, "c_tok_ms", prm.c_tok_ms);
-        prm.draft_margin = get<double>(params, "draft_margin", prm.draft_margin);
-        prm.pooled_weight = get<double>(params, "pooled_weight", prm.pooled_weight);
-        prm.jitter = get<double>(params, "length_jitter", prm.jitter);
-        prm.extrapolation_fraction = get<double>(params, "extrapolation_fraction", prm.extrapolation_fraction);
-        prm.min_remaining = get<double>(params, "min_remaining", prm.min_remaining);
-        prm.bins = get<int>(params, "bins", prm.bins);
-        if (prm.bins < 1) throw das::InputError("bins must be >= 1");
+        check_samples(n, table.shape(1), draws.shape(0), draws.shape(2));
+        const das::ControllerParams prm = controller_params(params);
         nb::gil_scoped_release nogil;
         return das::controller_budgets(
             static_cast<int64_t>(n), static_cast<int64_t>(accept.shape(1)), accept.data(),
@@ -339,17 +350,8 @@ NB_MODULE(_das_native, m) {
                                  {"lengths", lengths.shape(0)}, {"value", value.shape(0)},
                                  {"expected_kept", expected_kept.shape(0)}})
           need_rows(name, got, n);
-        if (draws.shape(0) != 4) throw das::InputError("draws must be [4, n, samples]");
-        if (n && table.shape(1) == 0) throw das::InputError("table needs at least one column");
-        if (draws.shape(2) == 0) throw das::InputError("draws needs at least one sample");
-        das::ControllerParams prm;
-        prm.ratio = get<double>(params, "ratio", prm.ratio);
-        prm.c_tok_ms = get<double>(params, "c_tok_ms", prm.c_tok_ms);
-        prm.draft_margin = get<double>(params, "draft_margin", prm.draft_margin);
-        prm.pooled_weight = get<double>(params, "pooled_weight", prm.pooled_weight);
-        prm.jitter = get<double>(params, "length_jitter", prm.jitter);
-        prm.extrapolation_fraction = get<double>(params, "extrapolation_fraction", prm.extrapolation_fraction);
-        prm.min_remaining = get<double>(params, "min_remaining", prm.min_remaining);
+        check_samples(n, table.shape(1), draws.shape(0), draws.shape(2));
+        const das::ControllerParams prm = controller_params(params);
         nb::gil_scoped_release nogil;
         das::controller_cut(static_cast<int64_t>(n), static_cast<int64_t>(accept.shape(1)), accept.data(),
                             static_cast<int64_t>(table.shape(1)), table.data(), static_cast<int64_t>(pooled.shape(0)),
