@@ -449,7 +449,8 @@ class BudgetController:
         self.last_expected_makespan = 0.0
         self._counters = {"steps": 0, "rows": 0, "rows_drafting": 0, "offered_tokens": 0, "kept_tokens": 0,
                           "expected_accepted": 0.0, "tail_rows": 0, "capped_steps": 0, "rows_speculated": 0,
-                          "silent_steps": 0, "replans": 0}
+                          "silent_steps": 0, "replans": 0, "quiet_steps": 0}
+        self._last_silent = False  # the last plan drafted no row
         # plan(): tail probabilities kept per request slot between recomputations (grown by doubling).
         self._slot_p = np.zeros(0, np.float64)
         self._slot_epoch = np.full(0, -1, np.int64)
@@ -621,10 +622,40 @@ class BudgetController:
         c["steps"] += 1
         c["rows"] += n
         c["rows_speculated"] += int(draft.sum())
-        c["silent_steps"] += int(not draft.any())
+        self._last_silent = not draft.any()
+        c["silent_steps"] += int(self._last_silent)
         c["tail_rows"] += int((p >= 0.5).sum())
         self.last_tail_prob = p
         return StepPlan(draft, weight, keys, out_len, cap, replan)
+
+    def quiet_step(self, slots: np.ndarray) -> bool:
+        """Whether this engine step may skip :meth:`plan` and draft nothing, because nothing paid at the last plan
+        and nothing that decision rests on was recomputed since: it drafted no row, the tail probabilities are not
+        due (the rules of ``replan_steps``, ``replan_shrink`` and ``always_plan_rows``) and every row is a request
+        the last plan saw. Between recomputations the gate therefore re-decides only when they are due (at most
+        ``replan_steps - 1`` steps later than a per-step gate would, as acceptance priors drift back), and a step
+        where nothing pays costs O(1) here instead of the plan's O(rows) array work. When it returns ``True`` the
+        step is counted as planned and silent (``quiet_steps`` counts these); when ``False`` call :meth:`plan`.
+
+        Args:
+            slots: ``int [n]`` the rows' request slots, as given to :meth:`plan`.
+        """
+        cfg = self.config
+        n = len(slots)
+        if not self._last_silent or n <= cfg.always_plan_rows or self._since_plan + 1 >= cfg.replan_steps \
+                or n < (1.0 - cfg.replan_shrink) * self._rows_at_plan or cfg.cost_source == "online":
+            return False
+        if slots.max() >= len(self._slot_epoch) or (self._slot_epoch[slots] != self._epoch).any():
+            return False
+        self._since_plan += 1
+        self._acc_expected *= cfg.acceptance_decay
+        self._acc_accepted *= cfg.acceptance_decay
+        c = self._counters
+        c["steps"] += 1
+        c["rows"] += n
+        c["silent_steps"] += 1
+        c["quiet_steps"] += 1
+        return True
 
     def cut(self, plan: StepPlan, accept: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
         """Draft tokens to keep per drafted row (after drafting): the length that minimises the cost per token of
@@ -805,7 +836,7 @@ class BudgetController:
 
     #: Keys of :meth:`stats` that are cumulative counters (per-step differences are meaningful); the rest are gauges.
     COUNTERS = ("steps", "rows", "rows_drafting", "offered_tokens", "kept_tokens", "expected_accepted", "tail_rows",
-                "capped_steps", "rows_speculated", "silent_steps", "replans")
+                "capped_steps", "rows_speculated", "silent_steps", "replans", "quiet_steps")
 
     def stats(self) -> dict:
         """Flat, JSON-serializable diagnostics (callers prefix them, e.g. ``budget_``).

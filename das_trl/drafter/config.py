@@ -102,6 +102,13 @@ class DrafterConfig:
             ``extend_request``, ``stop_request``, ``trim``, ``record_acceptance``, ``stats``, ``check``,
             ``add_rollouts``) completes that work first, so drafts, counters and stats are the same either way;
             the copy holds at most one step's new tokens. False: every step ingests before it returns.
+        defer_idle_rows: with ``background_ingest``, a step in which some rows draft also leaves the new tokens of
+            the rows without a budget to the ingest thread, and ingests only the drafting rows' tokens before it
+            drafts (``native`` backend). A drafting row's own text is always up to date; the sibling and batch
+            automata get the other rows' newest tokens one step later, so drafts differ slightly from the
+            synchronous path's (deterministically: the same inputs give the same drafts). Measured by replay: a
+            step drafting a few rows of a large batch cost as much as every row's ingest (docs/benchmarks.md,
+            issue 16). False: drafting steps ingest every row first (drafts identical to ``background_ingest=False``).
 
     Calibration from verification outcomes (``reference/calibration.py``):
         calibrate_acceptance: scale each a_i by the observed/predicted acceptance ratio of its
@@ -144,6 +151,7 @@ class DrafterConfig:
     builder_threads: int = field(default_factory=lambda: max(1, min(4, (os.cpu_count() or 2) - 1)))
     draft_threads: int = field(default_factory=lambda: max(1, min(8, (os.cpu_count() or 1) // 2)))
     background_ingest: bool = True
+    defer_idle_rows: bool = True
 
     def __post_init__(self) -> None:
         def need(ok: bool, msg: str) -> None:
@@ -188,6 +196,8 @@ class DrafterConfig:
                  f"{name} must be an int in [1, 64], got {value!r}")
         need(isinstance(self.background_ingest, bool),
              f"background_ingest must be a bool, got {self.background_ingest!r}")
+        need(isinstance(self.defer_idle_rows, bool),
+             f"defer_idle_rows must be a bool, got {self.defer_idle_rows!r}")
         need(isinstance(self.support_table_bits, int) and 10 <= self.support_table_bits <= 30,
              f"support_table_bits must be an int in [10, 30], got {self.support_table_bits!r}")
 

@@ -96,6 +96,7 @@ class NativeDASDrafter:
             "builder_threads": int(getattr(c, "builder_threads", 1)),
             "draft_threads": int(getattr(c, "draft_threads", 1)),
             "background_ingest": bool(getattr(c, "background_ingest", True)),
+            "defer_idle_rows": bool(getattr(c, "defer_idle_rows", True)),
         })
         self._lock = threading.RLock()
         self._clear_python()
@@ -316,8 +317,10 @@ class NativeDASDrafter:
         Cost: a row with ``max_tokens[i] <= 0`` gets "no draft" (length 0, source -1, match length 0) and no drafting
         work. When no row drafts and ``config.background_ingest`` is on, the new tokens are copied (at most one
         step's tokens are held) and appended to the automata by the ingest thread while the engine runs its forward
-        pass: the call costs the validation, the reports and that copy. Otherwise every new token is appended
-        before the drafts are made (a previous step's deferred tokens first), so drafts never depend on the setting.
+        pass: the call costs the validation, the reports and that copy. In a drafting step the drafting rows' new
+        tokens are appended before the drafts are made (a previous step's deferred tokens first), and with
+        ``config.defer_idle_rows`` the other rows' are left to the thread (the shared automata see them one step
+        later); without it every row's are appended first, and drafts equal the synchronous path's.
 
         Args:
             slots: ``int32 [n]`` active slots.

@@ -7,7 +7,9 @@ the same object from recorded rollouts, so the replay measures exactly the calls
    kept drafts fared) and to each request's acceptance record (the gate's predictor).
 2. **Plan** (:meth:`BudgetController.plan`): who finishes last, and which rows can pay for a draft at all, counting
    the proposer's own CPU per drafted row. Rows that cannot are not drafted; a step where none can costs the
-   drafter only the hand-over of the new tokens (ingested off the critical path where the core supports it).
+   drafter only the hand-over of the new tokens (ingested off the critical path where the core supports it). After
+   a step where nothing paid, the plan itself is skipped until something it rests on is due to change
+   (:meth:`BudgetController.quiet_step`): such a step is O(1) Python plus the drafter's hand-over.
 3. **Draft** the planned rows up to their hard cap (``num_speculative_tokens``, the model length) in one drafter call.
 4. **Cut** (:meth:`BudgetController.cut`): keep, per drafted row, the tokens that pay; the drafter is told what was
    really sent (``trim``) so verification is accounted against the cut length.
@@ -52,9 +54,10 @@ class Speculator:
         self.set_controller(controller)
         self._last_ids: list[str] | None = None
         self._last_slots = np.zeros(0, np.int64)
-        self._seen_totals = drafter.acceptance_totals()
-        self.counters = dict(steps=0, request_rounds=0, speculated_rows=0, silent_steps=0, drafts=0, draft_tokens=0,
-                             verified_drafts=0, accepted_tokens=0)
+        self._silent = False  # the last step sent no draft
+        self._zeros = np.zeros(0, np.int32)
+        self.counters = dict(steps=0, request_rounds=0, speculated_rows=0, silent_steps=0, quiet_steps=0, drafts=0,
+                             draft_tokens=0, verified_drafts=0, accepted_tokens=0)
 
     def set_controller(self, controller: BudgetController) -> None:
         """Use another budget controller from the next step on (tracked requests keep their records)."""
@@ -111,7 +114,6 @@ class Speculator:
         self._slot_of.clear()
         self._free.clear()
         self._last_ids = None
-        self._seen_totals = self.drafter.acceptance_totals()
 
     # ------------------------------------------------------------------ per step
     def step(self, req_ids: list[str], token_matrix: np.ndarray, rows: np.ndarray, num_tokens: np.ndarray,
@@ -149,6 +151,8 @@ class Speculator:
         num_sampled = np.asarray(num_sampled, dtype=np.int64)
         verified = np.full(n, -1, np.int64) if num_verified is None else np.asarray(num_verified, dtype=np.int64)
         req.rounds[slots] += 1
+        if n and self._silent and not req.sent[slots].any() and self.controller.quiet_step(slots):
+            return self._quiet_step(req_ids, slots, token_matrix, rows, num_tokens, num_prompt, num_sampled, verified)
         checked = self._observe_verification(slots, num_sampled, verified)
         if step_ms is not None and n and self.controller.config.cost_source == "online":
             self.controller.observe_step(n + int(checked.sum()), step_ms)
@@ -159,12 +163,8 @@ class Speculator:
         plan = ctl.plan(req.key[slots], output_len, req.rounds[slots], req.max_output[slots], caps,
                         req.acceptance(slots), slots)
         budgets = np.where(plan.draft, caps, 0)
-        if self._by_slot:
-            out = self.drafter.step_slots(req.dslot[slots], token_matrix, rows, num_tokens, num_prompt, num_sampled,
-                                          verified, budgets, self._out_buffer(n))
-        else:
-            out = self.drafter.step(req_ids, token_matrix, rows, num_tokens, num_prompt, num_sampled, verified,
-                                    budgets)
+        out = self._drafter_step(req_ids, slots, token_matrix, rows, num_tokens, num_prompt, num_sampled, verified,
+                                 budgets)
         # A planned row the drafter found nothing for counts as a rejection in its record: otherwise a request that
         # never matches would never learn it, and would be planned again every step.
         empty = slots[plan.draft & (out.lengths == 0)]
@@ -180,12 +180,8 @@ class Speculator:
             self.drafter.trim([req_ids[i] for i in drafting.tolist()], out.lengths[drafting])
             req.expected[slots[drafting]] = ctl.last_expected_kept
         req.sent[slots] = out.lengths
+        self._silent = not len(drafting)
         c = self.counters
-        totals = self.drafter.acceptance_totals()  # the drafter learnt last step's outcomes inside its step
-        dd, _, da = (now - seen for now, seen in zip(totals, self._seen_totals))
-        self._seen_totals = totals
-        c["verified_drafts"] += dd
-        c["accepted_tokens"] += da
         c["steps"] += 1
         c["request_rounds"] += n
         c["speculated_rows"] += int(plan.draft.sum())
@@ -193,6 +189,37 @@ class Speculator:
         c["drafts"] += int(np.count_nonzero(out.lengths))
         c["draft_tokens"] += int(out.lengths.sum())
         return out
+
+    def _quiet_step(self, req_ids: list[str], slots: np.ndarray, token_matrix: np.ndarray, rows: np.ndarray,
+                    num_tokens: np.ndarray, num_prompt: np.ndarray, num_sampled: np.ndarray,
+                    verified: np.ndarray) -> DraftBatch:
+        """A step the controller let skip its plan (:meth:`BudgetController.quiet_step`): nothing was drafted last
+        step and nothing is drafted now, so there is no verification to learn from and nothing to cut; the drafter
+        only takes the new tokens (off the critical path where it defers its ingest)."""
+        req = self._req
+        req.global_hits *= _GLOBAL_DECAY
+        req.global_misses *= _GLOBAL_DECAY
+        n = len(slots)
+        if len(self._zeros) < n:
+            self._zeros = np.zeros(max(n, 2 * len(self._zeros)), np.int32)
+        budgets = self._zeros[:n]
+        out = self._drafter_step(req_ids, slots, token_matrix, rows, num_tokens, num_prompt, num_sampled, verified,
+                                 budgets)
+        c = self.counters
+        c["steps"] += 1
+        c["request_rounds"] += n
+        c["silent_steps"] += 1
+        c["quiet_steps"] += 1
+        return out
+
+    def _drafter_step(self, req_ids: list[str], slots: np.ndarray, token_matrix: np.ndarray, rows: np.ndarray,
+                      num_tokens: np.ndarray, num_prompt: np.ndarray, num_sampled: np.ndarray, verified: np.ndarray,
+                      budgets: np.ndarray) -> DraftBatch:
+        """The drafter's step: by slot into the reused output buffer (native), else by request id."""
+        if self._by_slot:
+            return self.drafter.step_slots(self._req.dslot[slots], token_matrix, rows, num_tokens, num_prompt,
+                                           num_sampled, verified, budgets, self._out_buffer(len(slots)))
+        return self.drafter.step(req_ids, token_matrix, rows, num_tokens, num_prompt, num_sampled, verified, budgets)
 
     def _out_buffer(self, n: int) -> DraftBatch:
         """The first ``n`` rows of one output batch reused across steps (a new one per step cost ~0.3 us per row);
@@ -215,7 +242,12 @@ class Speculator:
             checked = all_checked[drafted]
             accepted = np.minimum(checked, num_sampled[drafted] - 1)
             expected = (req.expected[slots] * all_checked / np.maximum(sent, 1))[drafted]
-            self.controller.observe_acceptance(float(expected.sum()), int(accepted.sum()))
+            total_accepted = int(accepted.sum())
+            self.controller.observe_acceptance(float(expected.sum()), total_accepted)
+            # Counted here, not read back from the drafter: its counters wait for a deferred ingest in progress,
+            # which would put the ingest thread's work back on the engine's critical path.
+            self.counters["verified_drafts"] += len(checked)
+            self.counters["accepted_tokens"] += total_accepted
             s = slots[drafted]
             misses = accepted < checked
             req.hits[s] = _OUTCOME_DECAY * req.hits[s] + accepted

@@ -87,3 +87,24 @@ def test_cut_keeps_no_more_than_the_draft_and_validates():
         ctl.cut(plan, acc[:3])
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         ctl.cut(plan, acc * 2)
+
+
+def test_quiet_step_skips_the_plan_only_after_a_silent_plan_and_until_a_recomputation_is_due():
+    keys, out_len, rounds, _ = _batch(64)
+    slots = np.arange(64)
+    low = np.full(64, 0.01)  # nothing pays at this acceptance
+    ctl = _controller(replan_steps=4, always_plan_rows=32)
+    assert not ctl.quiet_step(slots)  # nothing planned yet
+    plan = ctl.plan(keys, out_len, rounds, None, None, low, slots)
+    assert plan.replanned and not plan.draft.any()
+    assert [ctl.quiet_step(slots) for _ in range(4)] == [True, True, True, False]  # the 4th step recomputes
+    assert ctl.plan(keys, out_len, rounds, None, None, low, slots).replanned
+    assert ctl.quiet_step(slots)
+    assert not ctl.quiet_step(np.append(slots, 99))       # a request the last plan did not see
+    assert not ctl.quiet_step(slots[:50])                 # the batch shrank by more than replan_shrink
+    assert not ctl.quiet_step(slots[:32])                 # small batches plan every step
+    s = ctl.stats()
+    assert s["quiet_steps"] == 4 and s["silent_steps"] == 6 and s["steps"] == 6
+    # a plan that drafts something ends the quiet steps
+    ctl.plan(keys, out_len, rounds, None, None, np.full(64, 0.9), slots)
+    assert not ctl.quiet_step(slots)

@@ -19,6 +19,7 @@ COUNTERS = ("proposals", "speculated_rows", "drafts", "draft_tokens", "requests"
 
 def make(background: bool, **kw):
     kw.setdefault("draft_threads", 1)
+    kw.setdefault("defer_idle_rows", False)  # the identity with the synchronous path (test_defer_idle_rows: with it)
     return create_drafter(DrafterConfig(backend="native", max_spec_tokens=K, support_table_bits=12,
                                         background_ingest=background, **kw))
 
@@ -179,6 +180,38 @@ def test_background_ingest_changes_nothing(seed, hold):
         assert sa["ingest_caller_steps"] >= sa["deferred_steps"] and sa["ingest_background_seconds"] == 0.0
     assert sa["drafts"] > 50  # the drafters did draft (siblings and own text repeat)
     assert bg.check() == "" and sync.check() == ""
+
+
+@pytest.mark.parametrize("seed", [0, 4])
+def test_defer_idle_rows_is_deterministic_and_loses_no_token(seed):
+    """defer_idle_rows (the default): drafting steps leave the rows without a budget to the ingest thread. Two
+    drafters (thread at work / held, so the next call ingests) draft identically at every step; against the
+    synchronous path most drafts agree (only the other rows' newest tokens arrive a step later); more steps defer;
+    every token is ingested in the end (same live token counts), and the cores stay consistent."""
+    a, b, sync = make(True, defer_idle_rows=True), make(True, defer_idle_rows=True), make(False)
+    b._core.hold_ingest(True)
+    agree = [0, 0]
+
+    def on_step(step, ids, matrix, args):
+        slots = np.array([a.slot_of(r) for r in ids], np.int32)
+        x = a.step_slots(slots, matrix, *args)
+        y = b.step(ids, matrix, *args)
+        z = sync.step(ids, matrix, *args)
+        assert same_batch(x, y), f"step {step}: deferred drafts depend on who ingests"
+        drafting = args[-1] > 0
+        if drafting.any() and not drafting.all():
+            agree[0] += int((x.lengths[drafting] == z.lengths[drafting]).sum())
+            agree[1] += int(drafting.sum())
+        return [x, y, z]
+
+    eng = Engine([a, b, sync], seed)
+    eng.run(160, on_step)
+    assert agree[1] > 100 and agree[0] >= 0.8 * agree[1], agree
+    sa, sb, sc = a.stats(), b.stats(), sync.stats()
+    assert sa["deferred_steps"] == sb["deferred_steps"] > 60 and sc["deferred_steps"] == 0
+    for key in ("live_running_tokens", "live_finished_tokens", "live_tree_tokens"):
+        assert sa[key] == sb[key] == sc[key], key
+    assert a.check() == "" and b.check() == "" and sync.check() == ""
 
 
 @pytest.mark.parametrize("hold", [False, True])
@@ -343,5 +376,7 @@ def test_step_slots_errors_and_slot_of():
 def test_config_field():
     with pytest.raises(ValueError, match="background_ingest"):
         DrafterConfig(background_ingest=1)
+    with pytest.raises(ValueError, match="defer_idle_rows"):
+        DrafterConfig(defer_idle_rows="yes")
     d = make(False)
     assert d.stats()["deferred_steps"] == 0

@@ -1,7 +1,9 @@
 """The native core drafts exactly what the Python reference drafter drafts (with the reference suffix tree, whose
 ties go to the smallest token as the native core's do): tokens, sources, match lengths and the calibrated
 acceptance estimates, bit for bit, across pushes, evictions, recency weights, zero and partial budgets, trims and
-partial verifications, live-pool evictions."""
+partial verifications, live-pool evictions. The reference ingests every row before it drafts: the native core is
+compared with ``defer_idle_rows`` off (with it, drafting steps see the idle rows' newest tokens a step later;
+tests/drafter/test_background_ingest.py)."""
 
 import numpy as np
 import pytest
@@ -16,6 +18,7 @@ def pair(**kw):
     from das_trl.drafter import NativeDASDrafter
 
     kw.setdefault("draft_threads", 1)
+    kw.setdefault("defer_idle_rows", False)
     cfg = DrafterConfig(support_table_bits=22, **kw)  # wide count-min table: no collisions at this size
     return NativeDASDrafter(cfg), DASDrafter(cfg, tree_factory=ReferenceSuffixTree)
 

@@ -49,7 +49,8 @@ class Drafter:
                 ``truncate_by_evidence``, ``calibrate_acceptance``, ``calibration_pseudocount``,
                 ``calibration_step_decay``, ``builder_threads``, ``draft_threads``, ``background_ingest`` (steps in
                 which no row drafts leave their new tokens to the drafter's ingest thread; drafts, counters and
-                stats equal the synchronous path's)); missing keys keep the core's defaults.
+                stats equal the synchronous path's), ``defer_idle_rows`` (with it, drafting steps leave the rows
+                without a budget to the thread too)); missing keys keep the core's defaults.
 
         Raises:
             ValueError: a field out of range.
@@ -102,7 +103,8 @@ class Drafter:
         appended (a request whose output shrank is restarted: preemption), then the row is drafted with
         ``budgets[i]``. Outputs (and ``fill_idle``) as in :meth:`propose`. When no row has a budget > 0 and
         ``background_ingest`` is on, the new tokens are copied and left to the ingest thread, and the call returns
-        without touching the automata.
+        without touching the automata; with ``defer_idle_rows`` a drafting step leaves the rows without a budget to
+        the thread too (ingesting only the drafting rows' tokens before it drafts).
 
         Raises:
             ValueError: a row count differs from ``n`` or ``tokens``/``accept`` do not have K columns.

@@ -55,6 +55,7 @@ das::DrafterConfig config_from(const nb::dict& d) {
   c.builder_threads = get<int>(d, "builder_threads", c.builder_threads);
   c.draft_threads = get<int>(d, "draft_threads", c.draft_threads);
   c.background_ingest = get<bool>(d, "background_ingest", c.background_ingest);
+  c.defer_idle_rows = get<bool>(d, "defer_idle_rows", c.defer_idle_rows);
   return c;
 }
 

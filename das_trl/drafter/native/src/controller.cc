@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 namespace das {
@@ -18,7 +19,26 @@ void sample_remaining(int64_t n, int64_t w, const double* table, int64_t m, cons
   const double* de = draws + 2 * n * s;
   const double* dj = draws + 3 * n * s;
   const double jit = prm.jitter * std::sqrt(3.0);
+  // The jitter factors exp(jit (2 u - 1)) of a row, recomputed only when its draws differ from the previous row's
+  // (stratified draws are the same for every row: one exp per sample instead of one per row and sample).
+  // The same for the exponential tail's log1p(-e).
+  const size_t row_bytes = sizeof(double) * static_cast<size_t>(s);
+  std::vector<double> jf(static_cast<size_t>(s)), tail(static_cast<size_t>(s));
+  const double* jf_of = nullptr;
+  const double* tail_of = nullptr;
   for (int64_t i = 0; i < n; ++i) {
+    if (prm.jitter > 0) {
+      const double* dji = dj + i * s;
+      if (!jf_of || std::memcmp(jf_of, dji, row_bytes) != 0) {
+        for (int64_t t = 0; t < s; ++t) jf[t] = std::exp(jit * (2.0 * dji[t] - 1.0));
+        jf_of = dji;
+      }
+    }
+    const double* dei = de + i * s;
+    if (!tail_of || std::memcmp(tail_of, dei, row_bytes) != 0) {
+      for (int64_t t = 0; t < s; ++t) tail[t] = std::log1p(-dei[t]);
+      tail_of = dei;
+    }
     const double g = generated[i];
     const double* row = table + i * w;
     // Both are sorted ascending: the lengths above g are a suffix.
@@ -41,9 +61,9 @@ void sample_remaining(int64_t n, int64_t w, const double* table, int64_t m, cons
       }
       const bool use_pool = (dv[at] < p_pool) || (above == 0 && above_pool > 0);
       double total = use_pool ? pool : (above > 0 ? own : g);
-      if (!(total > g)) total = g - scale * std::log1p(-de[at]);  // exponential tail past every observed length
+      if (!(total > g)) total = g - scale * tail[t];  // exponential tail past every observed length
       double r = total - g;
-      if (prm.jitter > 0) r *= std::exp(jit * (2.0 * dj[at] - 1.0));
+      if (prm.jitter > 0) r *= jf[t];
       r = std::min(std::max(r, 1.0), cap_i);
       rem[at] = r;
       sum += r;
@@ -115,40 +135,55 @@ double controller_budgets(int64_t n, int64_t k, const double* accept, int64_t w,
   } else {
     std::vector<int32_t> b(static_cast<size_t>(n * s));
     std::vector<double> logmid(static_cast<size_t>(n * bins));
+    std::vector<int32_t> midv(static_cast<size_t>(n * bins));  // mid * 2 s
     std::vector<double> total(bins, 0.0);
     std::vector<int32_t> zeros(bins, 0);
     const double scale = top > 0 ? bins / top : 0.0;
-    std::vector<double> pmf(bins);
+    // mid_j(g) = P(R_j < g) + pmf_j(g) / 2 = (2 below + count) / (2 s) with integer counts: its logarithm comes from
+    // a table of 2 s + 1 values (one log per row and bin was most of this kernel's time at large batches).
+    std::vector<double> logtab(static_cast<size_t>(2 * s + 1), 0.0);
+    for (int64_t v = 1; v <= 2 * s; ++v) logtab[v] = std::log(static_cast<double>(v) / (2.0 * static_cast<double>(s)));
+    std::vector<int32_t> cnt(bins);
     for (int64_t i = 0; i < n; ++i) {
-      std::fill(pmf.begin(), pmf.end(), 0.0);
+      std::fill(cnt.begin(), cnt.end(), 0);
       for (int64_t t = 0; t < s; ++t) {
         const int32_t bi = top > 0 ? static_cast<int32_t>(std::min<int64_t>(
                                          static_cast<int64_t>(x[i * s + t] * scale), bins - 1))
                                    : 0;
         b[i * s + t] = bi;
-        pmf[bi] += 1.0;
+        cnt[bi] += 1;
       }
-      double cum = 0.0;
+      int64_t below = 0;
       for (int g = 0; g < bins; ++g) {
-        const double q = pmf[g] / static_cast<double>(s);
-        cum += q;
-        const double mid = cum - 0.5 * q;
-        const bool zero = mid <= 0.0;
-        const double lm = std::log(zero ? 1.0 : mid);
+        const int64_t v = 2 * below + cnt[g];
+        below += cnt[g];
+        const double lm = logtab[v];  // log 1 = 0 where mid is 0 (counted in zeros)
         logmid[i * bins + g] = lm;
+        midv[i * bins + g] = static_cast<int32_t>(v);
         total[g] += lm;
-        zeros[g] += zero;
+        zeros[g] += v == 0;
       }
     }
     // P_i = mean over row i's samples of prod_{j != i} mid_j(bin): one exp per distinct bin of the row.
+    // exp(total[g] - logmid) = prod_all(g) / mid_i(g): one exp per bin, unless the product is too small for a double
+    // (then one exp per row and bin, as before).
+    std::vector<double> prod(bins);
+    std::vector<char> exact(bins);
+    for (int g = 0; g < bins; ++g) {
+      exact[g] = total[g] > -600.0;
+      prod[g] = exact[g] ? std::exp(total[g]) : 0.0;
+    }
     double tot = 0.0;
     std::vector<int32_t> count(bins);
     for (int64_t i = 0; i < n; ++i) {
       std::fill(count.begin(), count.end(), 0);
       for (int64_t t = 0; t < s; ++t) count[b[i * s + t]] += 1;
       double acc = 0.0;
-      for (int g = 0; g < bins; ++g)
-        if (count[g] && zeros[g] == 0) acc += count[g] * std::exp(total[g] - logmid[i * bins + g]);
+      for (int g = 0; g < bins; ++g) {
+        if (!count[g] || zeros[g] != 0) continue;
+        acc += count[g] * (exact[g] ? prod[g] * (2.0 * static_cast<double>(s)) / midv[i * bins + g]
+                                    : std::exp(total[g] - logmid[i * bins + g]));
+      }
       p[i] = acc / static_cast<double>(s);
       tot += p[i];
     }

@@ -566,7 +566,11 @@ void Drafter::step(const int32_t* matrix, int64_t rows_in_matrix, int64_t row_le
   }
   // The previous step's deferred tokens first (usually ingested by the thread during the forward pass already).
   sync_locked();
-  const bool defer = ingest_thread_.joinable() && !drafting;
+  const bool threaded = ingest_thread_.joinable();
+  const bool defer = threaded && !drafting;
+  // In a drafting step, rows without a budget may leave their tokens to the thread too (defer_idle_rows): the rows
+  // that draft see their own new tokens, the shared automata get the others' one step later.
+  const bool defer_idle = threaded && drafting && cfg_.defer_idle_rows;
   const int K = cfg_.max_spec_tokens;
   for (int64_t i = 0; i < n; ++i) {
     Hot& h = hot_[slots[i]];
@@ -575,7 +579,7 @@ void Drafter::step(const int32_t* matrix, int64_t rows_in_matrix, int64_t row_le
     if (h.seen > num_output || h.prompt_len != num_prompt[i]) {
       // Preempted and recomputed from a shorter state (or a new prompt): start over from the prompt. Rows deferred
       // earlier in this step are ingested first, so the automata see the synchronous path's order.
-      if (defer) sync_locked();
+      if (defer || defer_idle) sync_locked();
       Request& r = reqs_[slots[i]];
       const uint64_t problem = r.problem;
       stop_locked(r);
@@ -590,7 +594,7 @@ void Drafter::step(const int32_t* matrix, int64_t rows_in_matrix, int64_t row_le
     if (fresh > 0) {
       const int32_t* from = text + num_prompt[i] + known;
       h.seen = num_output;
-      if (defer) {
+      if (defer || (defer_idle && budgets[i] <= 0)) {
         defer_rows_.push_back(Deferred{slots[i], static_cast<int64_t>(defer_tokens_.size()), fresh});
         if (fresh == 1) defer_tokens_.push_back(*from); else defer_tokens_.insert(defer_tokens_.end(), from, from + fresh);
       } else {
@@ -603,10 +607,7 @@ void Drafter::step(const int32_t* matrix, int64_t rows_in_matrix, int64_t row_le
       no_draft(i, K, tokens, accept, lengths, source, match_len, fill_idle);
     }
   }
-  if (!defer) {
-    propose_rows(slots, budgets, n, tokens, accept, lengths, source, match_len, fill_idle);
-    return;
-  }
+  if (!defer) propose_rows(slots, budgets, n, tokens, accept, lengths, source, match_len, fill_idle);
   if (defer_rows_.empty()) return;
   ++ingest_.deferred_steps;
   lk.unlock();

@@ -14,6 +14,11 @@
 // yet, the caller ingests it itself), so every draft, counter and statistic equals the synchronous path's: the
 // tokens are ingested in the same order, between the same other operations. The buffer holds at most one step's
 // new tokens (a step completes the previous step's deferred work before it reads its rows).
+// With DrafterConfig::defer_idle_rows (default), a drafting step defers the rows without a budget the same way and
+// ingests only the drafting rows' tokens before it drafts: a drafting row sees its own text up to date and the
+// other rows' newest tokens (in the sibling and batch automata) one step later. Drafts then differ slightly from the
+// synchronous path's, deterministically (the same inputs give the same drafts, whoever ingests the deferred rows);
+// a step with a few drafting rows in a large batch no longer pays for every row's ingest on the critical path.
 //
 // Thread-safety: every public method takes the drafter's mutex (mu_), and so does the ingest thread for the whole of
 // one step's ingest: state has one lock. History snapshots are built on HistoryIndex's own threads and read without
@@ -60,6 +65,7 @@ struct DrafterConfig {
   int builder_threads = 1;
   int draft_threads = 1;        // threads drafting the rows of one engine step (the calling thread included)
   bool background_ingest = true;  // steps where no row drafts leave their tokens to the ingest thread
+  bool defer_idle_rows = true;    // ... and in drafting steps, so do the rows without a budget
   void validate() const;
 };
 
@@ -98,7 +104,8 @@ class Drafter {
   // min(verified, num_sampled - 1), verified = its draft length, capped by num_verified[i] when >= 0), appends the
   // new output tokens (restarting a request whose output shrank: preemption), then drafts with budgets[i]
   // (outputs as propose's). When no row has a budget > 0 and background_ingest is on, the new tokens are copied and
-  // left to the ingest thread (see the top of this file) and step returns without touching the automata.
+  // left to the ingest thread (see the top of this file) and step returns without touching the automata; with
+  // defer_idle_rows, so are the tokens of the rows without a budget in a drafting step.
   void step(const int32_t* matrix, int64_t rows_in_matrix, int64_t row_len, const int32_t* slots, const int32_t* rows,
             const int32_t* num_tokens, const int32_t* num_prompt, const int32_t* num_sampled,
             const int32_t* num_verified, const int32_t* budgets, int64_t n, int32_t* tokens, double* accept,
