@@ -117,9 +117,11 @@ class ControllerConfig:
             rounding (a near-tie in the draft-length argmin may go the other way).
         draft_row_us: the proposer's CPU time (microseconds) to draft one row for one step, charged in the decision
             before drafting (:meth:`BudgetController.plan`): vLLM runs the proposer on the engine's critical path, so
-            a row is drafted only where its expected saving also pays for this. The default is the native drafter's
-            cost per drafted row measured by ``das-trl bench drafter-speed`` on a 2-core machine (docs/tuning.md);
-            a faster host or more ``draft_threads`` lower it. 0: drafting is free (the controller before issue 16).
+            a row is drafted only where its expected saving also pays for this. The default is what a drafted row
+            costs the proposer on a 2-core machine in the replays (all of its CPU over its drafted rows: 30-50 us on
+            the large-batch sets, of which the draft search and the row's own ingest ~20; docs/benchmarks.md, issue
+            16); a faster host or more ``draft_threads`` lower it. 0: drafting is free (the controller before
+            issue 16).
         gate_acceptance_prior / gate_prior_rounds: before drafting, a request's per-token acceptance is predicted
             from its own verified drafts with ``gate_prior_rounds`` pseudo-rounds at the engine-wide acceptance,
             which itself starts from ``gate_acceptance_prior`` (``das_trl.vllm.speculator``;
@@ -152,7 +154,7 @@ class ControllerConfig:
     fit_min_steps: int = 64
     fit_min_r2: float = 0.3
     backend: str = "auto"
-    draft_row_us: float = 5.0
+    draft_row_us: float = 20.0
     gate_acceptance_prior: float = 0.5
     gate_prior_rounds: float = 2.0
     replan_steps: int = 8

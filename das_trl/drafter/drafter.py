@@ -304,7 +304,7 @@ class NativeDASDrafter:
 
     def step_slots(self, slots: np.ndarray, token_matrix: np.ndarray, rows: np.ndarray, num_tokens: np.ndarray,
                    num_prompt: np.ndarray, num_sampled: np.ndarray, num_verified: np.ndarray,
-                   max_tokens: np.ndarray, out: DraftBatch | None = None) -> DraftBatch:
+                   max_tokens: np.ndarray, out: DraftBatch | None = None, release: bool = True) -> DraftBatch:
         """One engine step for ``n`` rows given by slot (:meth:`slot_of`), in one native call that releases the GIL:
         each row's verification report, its new tokens read in place from ``token_matrix``, then drafts.
 
@@ -332,6 +332,9 @@ class NativeDASDrafter:
             out: a :class:`DraftBatch` of exactly ``n`` rows and ``config.max_spec_tokens`` columns to fill (its five
                 arrays C-contiguous, writable, of :class:`DraftBatch` dtypes), e.g. views of buffers kept across
                 steps; every row is written (rows without a draft zeroed). ``None``: a new zeroed batch.
+            release: offer the deferred tokens to the ingest thread now; ``False``: only at :meth:`release_ingest`
+                (call it after the step's :meth:`trim`, which then never waits for that ingest; a call that needs
+                the automata completes them anyway).
 
         Returns:
             ``out`` (or the new batch).
@@ -361,8 +364,12 @@ class NativeDASDrafter:
             _check_out(out, n, k)
             fill_idle = True
         self._core.step(matrix, slots, *cols, budgets, out.tokens, out.accept, out.lengths, out.source, out.match_len,
-                        fill_idle)
+                        fill_idle, release)
         return out
+
+    def release_ingest(self) -> None:
+        """Offer the tokens a ``step_slots(..., release=False)`` deferred to the ingest thread."""
+        self._core.release_ingest()
 
     def trim(self, request_ids: Sequence[str], lengths: Sequence[int] | np.ndarray) -> None:
         """Cut outstanding drafts to what was sent (see :meth:`DASDrafter.trim`). Unknown ids are ignored."""

@@ -216,14 +216,15 @@ class DASProposer:
             for req_id in [r for r in spec.tracked() if r not in live]:
                 spec.finish(req_id)
             self._last_req_ids = req_ids
-        num_sampled = np.fromiter(map(len, sampled_token_ids), dtype=np.int64, count=n)
+        # int32 throughout, as vLLM holds them: the drafter takes int32 arrays without converting them.
+        num_sampled = np.fromiter(map(len, sampled_token_ids), dtype=np.int32, count=n)
         if len(req_ids) == n and num_sampled.all():
-            rows, ids = np.arange(n), req_ids
+            rows, ids = np.arange(n, dtype=np.int32), req_ids
         else:
-            rows = np.flatnonzero(num_sampled)  # partial prefills: nothing to extend from yet
+            rows = np.flatnonzero(num_sampled).astype(np.int32)  # partial prefills: nothing to extend from yet
             ids = [req_ids[r] for r in rows.tolist()]
-        num_tokens = np.asarray(num_tokens_no_spec[:n], dtype=np.int64)[rows]
-        num_prompt = np.asarray(batch.num_prompt_tokens[:n], dtype=np.int64)[rows]
+        num_tokens = np.asarray(num_tokens_no_spec[:n], dtype=np.int32)[rows]
+        num_prompt = np.asarray(batch.num_prompt_tokens[:n], dtype=np.int32)[rows]
         # Same batch as last step and every row tracked: nothing new to start (no per-row scan).
         same = not changed and len(ids) == n == len(spec)
         new_rows = [] if same else [i for i, req_id in enumerate(ids) if req_id not in spec]
@@ -258,9 +259,9 @@ class DASProposer:
         buf = getattr(self._runner, "num_decode_draft_tokens", None)
         arr = getattr(buf, "np", None)
         if arr is None:
-            return np.full(len(rows), -1, np.int64)
+            return np.full(len(rows), -1, np.int32)
         arr = np.asarray(arr)
-        out = np.full(len(rows), -1, np.int64)
+        out = np.full(len(rows), -1, np.int32)
         ok = rows < len(arr)
         out[ok] = arr[rows[ok]]
         return out

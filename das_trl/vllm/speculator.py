@@ -147,24 +147,25 @@ class Speculator:
             slots = np.fromiter((self._slot_of[r] for r in req_ids), dtype=np.int64, count=n)
             self._last_ids, self._last_slots = list(req_ids), slots
         req = self._req
-        num_tokens = np.asarray(num_tokens, dtype=np.int64)
-        num_sampled = np.asarray(num_sampled, dtype=np.int64)
-        verified = np.full(n, -1, np.int64) if num_verified is None else np.asarray(num_verified, dtype=np.int64)
+        # int32 as vLLM holds them (other integer arrays are converted once here; the drafter takes int32 as is)
+        rows, num_tokens, num_prompt, num_sampled = (_int32(a, name) for a, name in (
+            (rows, "rows"), (num_tokens, "num_tokens"), (num_prompt, "num_prompt"), (num_sampled, "num_sampled")))
+        verified = np.full(n, -1, np.int32) if num_verified is None else _int32(num_verified, "num_verified")
         req.rounds[slots] += 1
         if n and self._silent and not req.sent[slots].any() and self.controller.quiet_step(slots):
             return self._quiet_step(req_ids, slots, token_matrix, rows, num_tokens, num_prompt, num_sampled, verified)
         checked = self._observe_verification(slots, num_sampled, verified)
         if step_ms is not None and n and self.controller.config.cost_source == "online":
             self.controller.observe_step(n + int(checked.sum()), step_ms)
-        output_len = num_tokens - np.asarray(num_prompt, dtype=np.int64)
+        output_len = num_tokens - num_prompt
         k = self.drafter.config.max_spec_tokens
-        caps = np.clip(np.minimum(k, self.max_model_len - num_tokens - 1), 0, None)
+        caps = np.clip(np.minimum(k, self.max_model_len - num_tokens - 1), 0, None).astype(np.int32)
         ctl = self.controller
         plan = ctl.plan(req.key[slots], output_len, req.rounds[slots], req.max_output[slots], caps,
                         req.acceptance(slots), slots)
-        budgets = np.where(plan.draft, caps, 0)
+        budgets = np.where(plan.draft, caps, np.int32(0))
         out = self._drafter_step(req_ids, slots, token_matrix, rows, num_tokens, num_prompt, num_sampled, verified,
-                                 budgets)
+                                 budgets, release=False)
         # A planned row the drafter found nothing for counts as a rejection in its record: otherwise a request that
         # never matches would never learn it, and would be planned again every step.
         empty = slots[plan.draft & (out.lengths == 0)]
@@ -179,6 +180,8 @@ class Speculator:
             out.truncate(keep)
             self.drafter.trim([req_ids[i] for i in drafting.tolist()], out.lengths[drafting])
             req.expected[slots[drafting]] = ctl.last_expected_kept
+        if self._by_slot:  # the idle rows' tokens go to the ingest thread only now: the trim did not wait for them
+            self.drafter.release_ingest()
         req.sent[slots] = out.lengths
         self._silent = not len(drafting)
         c = self.counters
@@ -214,11 +217,12 @@ class Speculator:
 
     def _drafter_step(self, req_ids: list[str], slots: np.ndarray, token_matrix: np.ndarray, rows: np.ndarray,
                       num_tokens: np.ndarray, num_prompt: np.ndarray, num_sampled: np.ndarray, verified: np.ndarray,
-                      budgets: np.ndarray) -> DraftBatch:
-        """The drafter's step: by slot into the reused output buffer (native), else by request id."""
+                      budgets: np.ndarray, release: bool = True) -> DraftBatch:
+        """The drafter's step: by slot into the reused output buffer (native; ``release``: see
+        ``NativeDASDrafter.step_slots``), else by request id."""
         if self._by_slot:
             return self.drafter.step_slots(self._req.dslot[slots], token_matrix, rows, num_tokens, num_prompt,
-                                           num_sampled, verified, budgets, self._out_buffer(len(slots)))
+                                           num_sampled, verified, budgets, self._out_buffer(len(slots)), release)
         return self.drafter.step(req_ids, token_matrix, rows, num_tokens, num_prompt, num_sampled, verified, budgets)
 
     def _out_buffer(self, n: int) -> DraftBatch:
@@ -257,6 +261,20 @@ class Speculator:
         req.global_hits *= _GLOBAL_DECAY
         req.global_misses *= _GLOBAL_DECAY
         return all_checked
+
+
+def _int32(a: np.ndarray | Sequence[int], name: str) -> np.ndarray:
+    """``a`` as an ``int32`` array (itself when it is one: vLLM's arrays are).
+
+    Raises:
+        ValueError: values outside int32.
+    """
+    arr = np.asarray(a)
+    if arr.dtype == np.int32:
+        return arr
+    if arr.size and (arr.min() < -2**31 or arr.max() >= 2**31):
+        raise ValueError(f"Speculator.step: {name} must fit in int32, got values in [{arr.min()}, {arr.max()}]")
+    return arr.astype(np.int32)
 
 
 class _RequestArrays:

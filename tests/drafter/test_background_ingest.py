@@ -5,6 +5,8 @@ step's; the slot-based step API (``slot_of`` / ``step_slots``, preallocated outp
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -380,3 +382,37 @@ def test_config_field():
         DrafterConfig(defer_idle_rows="yes")
     d = make(False)
     assert d.stats()["deferred_steps"] == 0
+
+
+def test_trim_after_an_unreleased_step_does_not_ingest_and_release_hands_it_to_the_thread():
+    """step_slots(release=False) (the Speculator's drafting steps): the idle rows' tokens stay queued, the trim that
+    follows touches only the outstanding drafts (it neither waits for nor does the ingest), and release_ingest
+    offers them to the thread."""
+    rng = np.random.default_rng(2)
+    d = make(True, defer_idle_rows=True)
+    n = 8
+    ids = [f"t{i}" for i in range(n)]
+    seq = rng.integers(0, 6, 600).astype(np.int32)  # repetitive: the drafting rows find drafts
+    for r in ids:
+        d.start_request(r, seq[:8].tolist(), problem_key=1)
+    matrix = np.tile(seq, (n, 1))
+    slots = np.array([d.slot_of(r) for r in ids], np.int32)
+    args = (matrix, np.arange(n, dtype=np.int32), np.full(n, 300, np.int32), np.full(n, 8, np.int32),
+            np.full(n, 292, np.int32), np.full(n, -1, np.int32))
+    budgets = np.array([K, K] + [0] * (n - 2), np.int32)
+    out = d.step_slots(slots, *args, budgets, release=False)
+    assert out.lengths[:2].all() and not out.lengths[2:].any()
+    d.trim(ids[:2], [1, 0])
+    core = d._core.stats()  # reads the queue first, then completes it (a caller ingest)
+    assert core["ingest_queued_tokens"] == 6 * 292 and core["caller_ingests"] == 0  # step and trim left them queued
+    assert core["caller_ingests"] == 0 and d._core.stats()["caller_ingests"] == 1
+    # the next step: released, the thread ingests them (no caller ingest)
+    args = args[:2] + (np.full(n, 301, np.int32), args[3], np.ones(n, np.int32), args[5])
+    d.step_slots(slots, *args, budgets, release=False)
+    d.trim(ids[:1], [0])
+    d.release_ingest()
+    time.sleep(0.5)  # the thread wakes at once; only a caller arriving before it would ingest itself
+    d.wait_for_ingest()
+    s = d.stats()
+    assert s["ingest_queued_tokens"] == 0 and s["ingest_caller_steps"] == 1 and s["deferred_steps"] == 2
+    assert s["drafts"] == 2 and d.check() == ""

@@ -101,10 +101,11 @@ class DASReplayDrafter(Drafter):
     def _arrays(self, rids: list[str], positions) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``rows, num_tokens, num_prompt, num_sampled`` of these requests (what the engine holds; not timed)."""
         n = len(rids)
-        rows = np.fromiter((self._row[r] for r in rids), np.int64, n)
-        num_prompt = np.fromiter((self._prompt_len[r] for r in rids), np.int64, n)
-        num_tokens = num_prompt + np.fromiter(positions, np.int64, n)
-        gained = np.fromiter((self._gained[r] for r in rids), np.int64, n)
+        # int32, as vLLM holds them (token_ids_cpu, num_tokens_no_spec, num_prompt_tokens)
+        rows = np.fromiter((self._row[r] for r in rids), np.int32, n)
+        num_prompt = np.fromiter((self._prompt_len[r] for r in rids), np.int32, n)
+        num_tokens = num_prompt + np.fromiter(positions, np.int32, n)
+        gained = np.fromiter((self._gained[r] for r in rids), np.int32, n)
         return rows, num_tokens, num_prompt, gained
 
     def _step(self, running, max_tokens):

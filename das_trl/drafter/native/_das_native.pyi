@@ -72,7 +72,7 @@ class Drafter:
         """The problem key of request ``slot``. Raises ``KeyError`` for an unknown slot."""
 
     def propose(self, slots: _I32, budgets: _I32, tokens: _I32, accept: _F64, lengths: _I32, source: _I8,
-                match_len: _I32, fill_idle: bool = True) -> None:
+                match_len: _I32, fill_idle: bool = True, release: bool = True) -> None:
         """Draft for ``n`` active requests at once (GIL released).
 
         Args:
@@ -93,7 +93,7 @@ class Drafter:
 
     def step(self, matrix: _I32, slots: _I32, rows: _I32, num_tokens: _I32, num_prompt: _I32, num_sampled: _I32,
              num_verified: _I32, budgets: _I32, tokens: _I32, accept: _F64, lengths: _I32, source: _I8,
-             match_len: _I32, fill_idle: bool = True) -> None:
+             match_len: _I32, fill_idle: bool = True, release: bool = True) -> None:
         """One engine step for ``n`` rows, reading each row's text from the engine's token matrix (GIL released).
 
         Row i is request ``slots[i]``, whose text is ``matrix[rows[i], :num_tokens[i]]`` (``int32[R, L]``, vLLM's
@@ -104,7 +104,9 @@ class Drafter:
         ``budgets[i]``. Outputs (and ``fill_idle``) as in :meth:`propose`. When no row has a budget > 0 and
         ``background_ingest`` is on, the new tokens are copied and left to the ingest thread, and the call returns
         without touching the automata; with ``defer_idle_rows`` a drafting step leaves the rows without a budget to
-        the thread too (ingesting only the drafting rows' tokens before it drafts).
+        the thread too (ingesting only the drafting rows' tokens before it drafts). ``release=False``: the deferred tokens are
+        queued but not offered to the thread until :meth:`release_ingest` (so a :meth:`trim` right after the step
+        never waits for that ingest); a call that needs the state completes them anyway.
 
         Raises:
             ValueError: a row count differs from ``n`` or ``tokens``/``accept`` do not have K columns.
@@ -118,8 +120,12 @@ class Drafter:
         """Tests: while held, the ingest thread takes no work, so the next call that needs the state completes each
         deferred step itself."""
 
+    def release_ingest(self) -> None:
+        """Offer the tokens a ``step(..., release=False)`` deferred to the ingest thread (nothing when none)."""
+
     def trim(self, slots: _I32, lengths: _I32) -> None:
-        """Cut each row's outstanding draft to ``lengths[i]`` tokens (what was really sent for verification)."""
+        """Cut each row's outstanding draft to ``lengths[i]`` tokens (what was really sent for verification);
+        touches no automaton, so it does not wait for a deferred ingest."""
 
     def record_acceptance(self, slot: int, accepted: int, verified: int = -1) -> None:
         """Report that ``accepted`` of the ``verified`` tokens (``-1``: the whole outstanding draft) of ``slot``'s

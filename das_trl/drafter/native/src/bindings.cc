@@ -167,7 +167,7 @@ NB_MODULE(_das_native, m) {
               In1<int32_t> slots, In1<int32_t> rows, In1<int32_t> num_tokens, In1<int32_t> num_prompt,
               In1<int32_t> num_sampled, In1<int32_t> num_verified, In1<int32_t> budgets, Out2<int32_t> tokens,
               Out2<double> accept, Out1<int32_t> lengths, Out1<int8_t> source, Out1<int32_t> match_len,
-              bool fill_idle) {
+              bool fill_idle, bool release) {
              const size_t n = slots.shape(0);
              const size_t K = static_cast<size_t>(d.config().max_spec_tokens);
              for (auto [name, got] : {std::pair<const char*, size_t>{"rows", rows.shape(0)},
@@ -185,11 +185,13 @@ NB_MODULE(_das_native, m) {
                d.step(matrix.data(), static_cast<int64_t>(matrix.shape(0)), static_cast<int64_t>(matrix.shape(1)),
                       slots.data(), rows.data(), num_tokens.data(), num_prompt.data(), num_sampled.data(),
                       num_verified.data(), budgets.data(), static_cast<int64_t>(n), tokens.data(), accept.data(),
-                      lengths.data(), source.data(), match_len.data(), fill_idle);
+                      lengths.data(), source.data(), match_len.data(), fill_idle, release);
              });
            },
            "matrix"_a, "slots"_a, "rows"_a, "num_tokens"_a, "num_prompt"_a, "num_sampled"_a, "num_verified"_a,
-           "budgets"_a, "tokens"_a, "accept"_a, "lengths"_a, "source"_a, "match_len"_a, "fill_idle"_a = true)
+           "budgets"_a, "tokens"_a, "accept"_a, "lengths"_a, "source"_a, "match_len"_a, "fill_idle"_a = true,
+           "release"_a = true)
+      .def("release_ingest", &das::Drafter::release_ingest)
       .def("flush",
            [](das::Drafter& d) {
              nb::gil_scoped_release nogil;

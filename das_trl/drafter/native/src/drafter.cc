@@ -129,7 +129,7 @@ Drafter::~Drafter() {
 void Drafter::ingest_loop() {
   Lock lk(mu_);
   for (;;) {
-    ingest_cv_.wait(lk, [this] { return ingest_stop_ || (!ingest_hold_ && !defer_rows_.empty()); });
+    ingest_cv_.wait(lk, [this] { return ingest_stop_ || (!ingest_hold_ && ingest_ready_ && !defer_rows_.empty()); });
     if (ingest_stop_) return;
     const auto t0 = std::chrono::steady_clock::now();
     const double c0 = thread_cpu_seconds();
@@ -156,7 +156,17 @@ void Drafter::ingest_deferred_locked() {
   }
   defer_rows_.clear();
   defer_tokens_.clear();
+  ingest_ready_ = false;
   if (defer_tokens_.capacity() > (size_t{1} << 22)) std::vector<int32_t>().swap(defer_tokens_);  // after a huge step
+}
+
+void Drafter::release_ingest() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (defer_rows_.empty()) return;
+    ingest_ready_ = true;
+  }
+  ingest_cv_.notify_one();
 }
 
 void Drafter::sync_locked() {
@@ -551,7 +561,7 @@ void Drafter::step(const int32_t* matrix, int64_t rows_in_matrix, int64_t row_le
                    const int32_t* rows, const int32_t* num_tokens, const int32_t* num_prompt,
                    const int32_t* num_sampled, const int32_t* num_verified, const int32_t* budgets, int64_t n,
                    int32_t* tokens, double* accept, int32_t* lengths, int8_t* source, int32_t* match_len,
-                   bool fill_idle) {
+                   bool fill_idle, bool release) {
   Lock lk(mu_);
   bool drafting = false;
   for (int64_t i = 0; i < n; ++i) {  // validate every row before changing any state
@@ -610,12 +620,16 @@ void Drafter::step(const int32_t* matrix, int64_t rows_in_matrix, int64_t row_le
   if (!defer) propose_rows(slots, budgets, n, tokens, accept, lengths, source, match_len, fill_idle);
   if (defer_rows_.empty()) return;
   ++ingest_.deferred_steps;
+  if (!release) return;  // the caller releases it (release_ingest) after its own calls that need no automata
+  ingest_ready_ = true;
   lk.unlock();
   ingest_cv_.notify_one();
 }
 
 void Drafter::trim(const int32_t* slots, const int32_t* lengths, int64_t n) {
-  Lock lk = lock_synced();
+  // Outstanding drafts only (no automaton): a deferred ingest need not be completed first, so a trim right after a
+  // step does not take it back onto the caller's thread.
+  Lock lk(mu_);
   for (int64_t i = 0; i < n; ++i) {
     Request& r = req(slots[i]);
     Hot& h = hot(r);

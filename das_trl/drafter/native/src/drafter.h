@@ -109,7 +109,11 @@ class Drafter {
   void step(const int32_t* matrix, int64_t rows_in_matrix, int64_t row_len, const int32_t* slots, const int32_t* rows,
             const int32_t* num_tokens, const int32_t* num_prompt, const int32_t* num_sampled,
             const int32_t* num_verified, const int32_t* budgets, int64_t n, int32_t* tokens, double* accept,
-            int32_t* lengths, int8_t* source, int32_t* match_len, bool fill_idle = true);
+            int32_t* lengths, int8_t* source, int32_t* match_len, bool fill_idle = true, bool release = true);
+  // With release = false, step leaves its deferred tokens queued but not yet offered to the ingest thread (calls
+  // that need no automaton, such as trim, then never wait for that ingest); release_ingest offers them. Any call that
+  // needs the state still completes them first, so nothing is lost if the caller never releases.
+  void release_ingest();
   // Completes any deferred ingest now (benchmarks, tests; every method that needs it does it itself).
   void flush();
   // Tests: while held, the ingest thread takes no work, so each deferred step is completed by the next call that
@@ -230,6 +234,7 @@ class Drafter {
   std::vector<int32_t> defer_tokens_;
   std::condition_variable ingest_cv_;
   bool ingest_stop_ = false, ingest_hold_ = false;
+  bool ingest_ready_ = false;  // the queued tokens are offered to the thread (step with release, release_ingest)
   std::exception_ptr ingest_error_;
   IngestStats ingest_;
   std::thread ingest_thread_;  // last member: started when every other member exists
