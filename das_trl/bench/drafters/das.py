@@ -116,8 +116,7 @@ class DASReplayDrafter(Drafter):
         with self.watch:
             out = self.d.step(rids, self._matrix, rows, num_tokens, num_prompt, gained, np.full(len(rids), -1),
                               budgets)
-        if not (budgets > 0).any():
-            self._collect_ingest()
+        self._collect_ingest()  # what the step deferred (all rows when none drafts; with defer_idle_rows, idle rows)
         return rids, out
 
     def _ingest_seconds(self) -> float | None:
@@ -133,7 +132,7 @@ class DASReplayDrafter(Drafter):
         return float(stats.get(key, 0.0))
 
     def _collect_ingest(self) -> None:
-        """After a step where no row drafted: complete its deferred ingest and record its time as background (the
+        """After a step that deferred its ingest (or part of it): complete it and record its time as background (the
         ingest thread's CPU time, plus any part this thread did because the thread had not started it)."""
         if self._ingest_seen is None:
             return

@@ -14,8 +14,9 @@ plan, draft, cut), the object ``das_trl/vllm/proposer.py`` calls once per engine
 * history pushes: the drafter's ``add_rollouts`` plus the controller's ``observe`` per problem
   (``DASProposer.add_history``; built synchronously here, as a GRPO push is between generations).
 
-Timed: ``start`` / ``step`` / ``finish`` (:mod:`.base`); the deferred ingest of steps where nothing was drafted is
-background work (:class:`~das_trl.bench.drafters.das.DASReplayDrafter`).
+Timed: ``start`` / ``step`` / ``finish`` (:mod:`.base`); the deferred ingest (every row of a step where nothing was
+drafted, the rows without a budget of a drafting step) is background work, collected after each step
+(:class:`~das_trl.bench.drafters.das.DASReplayDrafter`).
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ class DASControllerDrafter(DASReplayDrafter):
         drafted = spec.counters["speculated_rows"] - before_rows
         self.speculated_per_step.append(drafted)
         self.silent_per_step.append(spec.counters["silent_steps"] - before_silent)
-        if rids and not drafted:
+        if rids:  # a silent step defers every row, a drafting step its rows without a budget (defer_idle_rows)
             self._collect_ingest()
         return rids, out
 
