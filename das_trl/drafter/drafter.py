@@ -15,7 +15,8 @@ equivalence tests compare it with draft for draft) and imports nothing from it; 
 * **Steps that draft nothing are nearly free.** A row with budget <= 0 gets "no draft" and no drafting work; in a step
   where no row drafts, the new tokens are copied and appended to the automata by a native thread while the engine
   runs its forward pass (``DrafterConfig.background_ingest``; every call that needs the automata completes that work
-  first, so drafts do not change). :meth:`step_slots` takes slots (:meth:`slot_of`) instead of request ids.
+  first, so drafts do not change); in a drafting step, so are the idle rows' (``DrafterConfig.defer_idle_rows``: the
+  shared automata see them a step later). :meth:`step_slots` takes slots (:meth:`slot_of`) instead of request ids.
 
 Documented differences to the reference: ties between equally frequent continuations go to the smallest token id
 (arctic takes whichever its hash map yields first; the reference matches with ``tree_factory=ReferenceSuffixTree``);
