@@ -72,7 +72,7 @@ class Drafter:
         """The problem key of request ``slot``. Raises ``KeyError`` for an unknown slot."""
 
     def propose(self, slots: _I32, budgets: _I32, tokens: _I32, accept: _F64, lengths: _I32, source: _I8,
-                match_len: _I32, fill_idle: bool = True, release: bool = True) -> None:
+                match_len: _I32, fill_idle: bool = True) -> None:
         """Draft for ``n`` active requests at once (GIL released).
 
         Args:
