@@ -846,7 +846,9 @@ class BudgetController:
         Counters (cumulative; :attr:`COUNTERS`): ``steps``, ``rows`` (request-rounds), ``rows_drafting`` (rows
         given a budget > 0), ``offered_tokens`` (draft tokens the drafter produced), ``kept_tokens`` (tokens kept
         for verification), ``expected_accepted`` (their summed acceptance estimates), ``tail_rows`` (rows with a
-        tail probability >= 0.5), ``capped_steps`` (steps cut by ``step_token_cap``). Gauges: ``c_base_ms`` /
+        tail probability >= 0.5), ``capped_steps`` (steps cut by ``step_token_cap``), ``rows_speculated`` (rows the
+        plan drafted), ``silent_steps`` (steps it drafted none), ``replans`` (tail probabilities recomputed),
+        ``quiet_steps`` (silent steps that skipped the plan: :meth:`quiet_step`). Gauges: ``c_base_ms`` /
         ``c_tok_ms`` (the cost model in use), ``cost_online`` (1 when it is the online fit), ``fit_steps``,
         ``fit_c_base_ms`` / ``fit_c_tok_ms`` / ``fit_r2`` (the online fit, nan until computable),
         ``expected_makespan_rounds`` (last step), ``problems`` (with lengths)."""

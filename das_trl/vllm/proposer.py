@@ -307,6 +307,7 @@ class DASProposer:
         ``accepted_tokens`` (as seen by the proposer: the final draft of each request is never observed),
         ``speculation_seconds`` (time spent in :meth:`propose`), ``speculated_rows`` (request-rounds the drafter
         drafted: the controller's plan found they could pay), ``silent_steps`` (steps in which no row was drafted),
+        ``quiet_steps`` (silent steps that also skipped the plan: nothing paid at the last one),
         ``budget_*``: the
         budget controller's diagnostics (:meth:`BudgetController.stats` prefixed), ``budget_counters`` (which ``budget_*`` keys are cumulative), ``num_speculative_tokens``, ``history_problems``,
         ``history_appearances``, ``history_sequences``, ``history_tokens``, ``history_bytes`` (approximate),
@@ -322,7 +323,7 @@ class DASProposer:
         out.update(self._counters)
         spec = self.speculator.counters
         out.update({k: spec[k] for k in ("request_rounds", "drafts", "draft_tokens", "verified_drafts",
-                                         "accepted_tokens", "speculated_rows", "silent_steps")})
+                                         "accepted_tokens", "speculated_rows", "silent_steps", "quiet_steps")})
         # The controller's diagnostics, by prefix; `budget_counters` names the cumulative ones (the trainer logs
         # their per-step differences and the rest as they are).
         out.update({f"budget_{k}": v for k, v in self.controller.stats().items()})
