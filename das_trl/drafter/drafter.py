@@ -38,27 +38,10 @@ from .draft_batch import DraftBatch
 from .history import RolloutHistory
 from .problem_key import problem_key as _problem_key
 from .sources import MATCH_BUCKETS, SOURCE_ORDER
-from .tokens import as_tokens, group_rollouts
+from .tokens import as_tokens, group_rollouts, int32_array
 
 _GLOBAL_KEY = 2**64 - 1  # HistoryIndex::kGlobalKey
 _I32_MAX = 2**31 - 1
-
-
-def _i32(a: np.ndarray | Sequence[int], name: str, n: int | None = None) -> np.ndarray:
-    """``a`` as a C-contiguous ``int32 [n]`` array (no copy when it is one already).
-
-    Raises:
-        ValueError: ``a`` does not have ``n`` entries (when ``n`` is given) or holds values outside int32.
-    """
-    arr = np.asarray(a).reshape(-1)
-    if arr.dtype != np.int32:
-        if arr.size and (arr.min() < -_I32_MAX - 1 or arr.max() > _I32_MAX):
-            raise ValueError(f"step: {name} must fit in int32, got values in [{arr.min()}, {arr.max()}]")
-        arr = arr.astype(np.int32)
-    arr = np.ascontiguousarray(arr)
-    if n is not None and len(arr) != n:
-        raise ValueError(f"step: {name} must have one entry per row ({n}), got {len(arr)}")
-    return arr
 
 
 class NativeDASDrafter:
@@ -344,15 +327,15 @@ class NativeDASDrafter:
             KeyError: a slot that is not active. ValueError: lengths or shapes out of range, or a bad ``out``
             (nothing changed).
         """
-        slots = _i32(slots, "slots")
+        slots = int32_array(slots, "slots")
         n = len(slots)
-        cols = [_i32(a, name, n) for a, name in ((rows, "rows"), (num_tokens, "num_tokens"),
+        cols = [int32_array(a, name, n) for a, name in ((rows, "rows"), (num_tokens, "num_tokens"),
                                                  (num_prompt, "num_prompt"), (num_sampled, "num_sampled"),
                                                  (num_verified, "num_verified"))]
         budgets = np.asarray(max_tokens).reshape(-1)
         if budgets.dtype != np.int32:
             budgets = np.clip(budgets.astype(np.int64), -1, _I32_MAX).astype(np.int32)
-        budgets = _i32(budgets, "max_tokens", n)
+        budgets = int32_array(budgets, "max_tokens", n)
         matrix = token_matrix
         if not (isinstance(matrix, np.ndarray) and matrix.dtype == np.int32 and matrix.flags.c_contiguous):
             matrix = np.ascontiguousarray(matrix, dtype=np.int32)

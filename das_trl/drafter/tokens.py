@@ -17,6 +17,24 @@ from .problem_key import problem_key
 TOKEN_LIMIT = 2**31
 
 
+def int32_array(a: np.ndarray | Sequence[int], name: str, n: int | None = None) -> np.ndarray:
+    """``a`` as a C-contiguous ``int32 [n]`` array, without a copy when it is one already (vLLM's per-row arrays
+    are: the engine step's hot path then converts nothing).
+
+    Raises:
+        ValueError: ``a`` does not have ``n`` entries (when ``n`` is given) or holds values outside int32.
+    """
+    arr = np.asarray(a).reshape(-1)
+    if arr.dtype != np.int32:
+        if arr.size and (arr.min() < -TOKEN_LIMIT or arr.max() >= TOKEN_LIMIT):
+            raise ValueError(f"step: {name} must fit in int32, got values in [{arr.min()}, {arr.max()}]")
+        arr = arr.astype(np.int32)
+    arr = np.ascontiguousarray(arr)
+    if n is not None and len(arr) != n:
+        raise ValueError(f"step: {name} must have one entry per row ({n}), got {len(arr)}")
+    return arr
+
+
 def as_tokens(ids: Sequence[int] | np.ndarray, what: str) -> np.ndarray:
     """Validate token ids and return a fresh writeable 1-D ``np.int32`` array.
 

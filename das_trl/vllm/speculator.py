@@ -26,6 +26,7 @@ import numpy as np
 
 from das_trl.budget import BudgetController
 from das_trl.drafter.draft_batch import DraftBatch
+from das_trl.drafter.tokens import int32_array
 
 #: Per-token acceptance outcomes of a request fade by this factor at each of its verified drafts (the gate's memory).
 _OUTCOME_DECAY = 0.8
@@ -148,9 +149,9 @@ class Speculator:
             self._last_ids, self._last_slots = list(req_ids), slots
         req = self._req
         # int32 as vLLM holds them (other integer arrays are converted once here; the drafter takes int32 as is)
-        rows, num_tokens, num_prompt, num_sampled = (_int32(a, name) for a, name in (
+        rows, num_tokens, num_prompt, num_sampled = (int32_array(a, name) for a, name in (
             (rows, "rows"), (num_tokens, "num_tokens"), (num_prompt, "num_prompt"), (num_sampled, "num_sampled")))
-        verified = np.full(n, -1, np.int32) if num_verified is None else _int32(num_verified, "num_verified")
+        verified = np.full(n, -1, np.int32) if num_verified is None else int32_array(num_verified, "num_verified")
         req.rounds[slots] += 1
         if n and self._silent and not req.sent[slots].any() and self.controller.quiet_step(slots):
             return self._quiet_step(req_ids, slots, token_matrix, rows, num_tokens, num_prompt, num_sampled, verified)
@@ -261,20 +262,6 @@ class Speculator:
         req.global_hits *= _GLOBAL_DECAY
         req.global_misses *= _GLOBAL_DECAY
         return all_checked
-
-
-def _int32(a: np.ndarray | Sequence[int], name: str) -> np.ndarray:
-    """``a`` as an ``int32`` array (itself when it is one: vLLM's arrays are).
-
-    Raises:
-        ValueError: values outside int32.
-    """
-    arr = np.asarray(a)
-    if arr.dtype == np.int32:
-        return arr
-    if arr.size and (arr.min() < -2**31 or arr.max() >= 2**31):
-        raise ValueError(f"Speculator.step: {name} must fit in int32, got values in [{arr.min()}, {arr.max()}]")
-    return arr.astype(np.int32)
 
 
 class _RequestArrays:
