@@ -81,6 +81,7 @@ from .length_table import LengthTable
 
 _COST_SOURCES = ("config", "online")
 _BACKENDS = ("auto", "native", "python")
+_UNSET = object()  # a native kernel not resolved yet
 #: Pseudo-rounds at 1 token per round in a row's observed tokens-per-round estimate.
 _TAU_PSEUDO_ROUNDS = 4.0
 
@@ -291,21 +292,42 @@ def gate_rows(weight_ms: np.ndarray, q: np.ndarray, caps: np.ndarray, c_tok_ms: 
     Returns:
         ``bool [n]``.
     """
-    caps = np.asarray(caps, dtype=np.int64)
-    q = np.clip(np.asarray(q, dtype=np.float64), 0.0, 0.999)
+    caps = np.asarray(caps)
+    if caps.dtype.kind not in "iu":  # any integer dtype compares exactly; others as before (truncated to int64)
+        caps = caps.astype(np.int64)
+    q = np.maximum(np.asarray(q, dtype=np.float64), 0.0)  # np.clip(q, 0, 0.999) in two ufunc calls
+    np.minimum(q, 0.999, out=q)
     value = np.asarray(weight_ms, dtype=np.float64) + c_tok_ms
     # S_d < q / (1 - q) and the cost is smallest at d = 1: rows failing that bound are out without the [n, K] work
     # (in a large batch where nothing pays, that is every row).
     out = (value * q / (1.0 - q) > c_tok_ms * (1.0 + draft_margin) + draft_row_ms) & (caps > 0)
-    rows = np.flatnonzero(out)
-    if len(rows):
-        k = int(caps[rows].max())
-        d = np.arange(1, k + 1, dtype=np.float64)
-        s_d = np.cumsum(q[rows, None] ** d[None, :], axis=1)  # [m, k]
-        cost = c_tok_ms * (1.0 + draft_margin) * d[None, :] + draft_row_ms
-        ok = (value[rows, None] * s_d > cost) & (d[None, :] <= caps[rows, None])
-        out[rows] = ok.any(axis=1)
+    rows = out.nonzero()[0]
+    m = len(rows)
+    if m:
+        if m < len(out):
+            q, value, caps = q[rows], value[rows], caps[rows]
+        k = int(np.maximum.reduce(caps))
+        d = _arange_1(k)
+        s_d = (q[:, None] ** d).cumsum(axis=1)  # [m, k]
+        cost = c_tok_ms * (1.0 + draft_margin) * d + draft_row_ms
+        ok = value[:, None] * s_d > cost
+        ok &= d <= caps[:, None]
+        out[rows] = np.logical_or.reduce(ok, axis=1)
     return out
+
+
+_ARANGE_1: dict[int, np.ndarray] = {}
+
+
+def _arange_1(k: int) -> np.ndarray:
+    """``float64 [k]`` ``1, 2, .., k`` (cached per ``k``; read only)."""
+    d = _ARANGE_1.get(k)
+    if d is None:
+        d = np.arange(1, k + 1, dtype=np.float64)
+        d.flags.writeable = False
+        if len(_ARANGE_1) < 256:
+            _ARANGE_1[k] = d
+    return d
 
 
 def tail_probability(rounds: np.ndarray, bins: int = 64) -> tuple[np.ndarray, float]:
@@ -433,6 +455,10 @@ class BudgetController:
     (:meth:`observe_step`), counters for :meth:`stats`, and the last step's diagnostics (``last_tail_prob``,
     ``last_expected_remaining``: ``float64 [n]``; ``last_expected_makespan``: rounds).
 
+    The config is read as fixed: the native kernels (``backend``) and their settings are resolved once, at the first
+    step that needs them, because :meth:`plan` / :meth:`cut` run on the engine's critical path every step (to change
+    a setting, build a new controller, as the proposer does).
+
     Not thread-safe (the proposer / replay serialises calls).
     """
 
@@ -460,6 +486,24 @@ class BudgetController:
         self._since_plan = 0
         self._rows_at_plan = 0
         self._draws: dict[int, np.ndarray] = {}
+        # Per-call constants of the hot path (plan / cut run once per engine step): the resolved native kernels, the
+        # kernels' settings (only "ratio" / "c_base_ms" / "c_tok_ms" are set per call; the kernel reads the dict during
+        # the call only), and buffers sliced per batch size.
+        self._online = cfg.cost_source == "online"
+        self._kernels: dict[str, object] = {}
+        shared = {"draft_margin": cfg.draft_margin, "pooled_weight": cfg.pooled_weight,
+                  "length_jitter": cfg.length_jitter, "extrapolation_fraction": cfg.extrapolation_fraction,
+                  "min_remaining": float(cfg.min_remaining)}
+        self._tail_params = {"ratio": 1.0, "tail_prior_weight": 0.0, "c_base_ms": 1.0, "c_tok_ms": 1.0, **shared}
+        del self._tail_params["draft_margin"]  # as before: the tail kernel call ran without it (no accept columns)
+        self._cut_params = {"ratio": 1.0, "c_tok_ms": cfg.c_tok_ms, **shared}
+        self._budget_params = {"ratio": 1.0, "tail_prior_weight": cfg.tail_prior_weight, "c_base_ms": cfg.c_base_ms,
+                               "c_tok_ms": cfg.c_tok_ms, **shared}
+        self._inf = np.full(0, np.inf)            # [>= n] inf (uncapped rows), sliced; never written
+        self._ones = np.ones(0)                   # [>= n] 1.0 (tau_obs without num_rounds), sliced; never written
+        self._no_accept = np.zeros((0, 0))        # [>= n, 0] the tail kernel's accept, sliced
+        self._scratch_i32 = np.empty(0, np.int32)  # [>= n] kernel outputs this class does not read
+        self._scratch_f64 = np.empty((0, 0))      # [2, >= n] idem
 
     # ------------------------------------------------------------------ inputs between steps
     def observe(self, problem_key: int, lengths) -> None:
@@ -500,11 +544,23 @@ class BudgetController:
     def cost(self) -> CostModel:
         """The cost model in use: the online fit when ``cost_source="online"`` and the fit is trusted, else the
         config's."""
-        if self.config.cost_source == "online":
+        if self._online:
             fitted = self.fit.estimate()
             if fitted is not None:
                 return fitted
         return self._config_cost
+
+    def _grow(self, n: int) -> None:
+        """Grow the sliced per-call buffers (``_inf``, ``_ones``, ...) to at least ``n`` rows (by doubling)."""
+        size = max(n, 2 * len(self._inf), 64)
+        cfg = self.config
+        self._inf = np.full(size, np.inf)
+        self._ones = np.ones(size)
+        self._prior = np.full(size, cfg.gate_acceptance_prior)
+        self._caps16 = np.full(size, 16, np.int64)
+        self._no_accept = np.zeros((size, 0))
+        self._scratch_i32 = np.empty(size, np.int32)
+        self._scratch_f64 = np.empty((2, size))
 
     # ------------------------------------------------------------------ per step: plan, draft, cut
     def _stratified(self, n: int) -> np.ndarray:
@@ -520,19 +576,20 @@ class BudgetController:
         stratified samples of the remaining lengths (:func:`stratified_draws`). ``float64 [n]``."""
         cfg = self.config
         n = len(keys)
-        table, counts, pooled = self.lengths.gather(keys)
+        table, counts, pooled = self.lengths.gather(keys)  # float64, C-contiguous (the kernel's layout)
         draws = self._stratified(n)
-        kernel = self._native_kernel()
+        kernel = self._kernels.get("controller_budgets", _UNSET)
+        if kernel is _UNSET:
+            kernel = self._native_kernel()
         if kernel is not None:
+            if n > len(self._inf):
+                self._grow(n)
             p, rem_mean = np.empty(n), np.empty(n)
-            params = {"ratio": 1.0, "tail_prior_weight": 0.0, "c_base_ms": 1.0, "c_tok_ms": 1.0,
-                      "pooled_weight": cfg.pooled_weight, "length_jitter": cfg.length_jitter,
-                      "extrapolation_fraction": cfg.extrapolation_fraction,
-                      "min_remaining": float(cfg.min_remaining)}
-            makespan = kernel(np.zeros((n, 0)), np.ascontiguousarray(table, dtype=np.float64),
-                              np.ascontiguousarray(pooled, dtype=np.float64), out_len,
-                              np.full(n, np.inf) if cap is None else np.ascontiguousarray(cap, dtype=np.float64),
-                              tau_obs, draws, params, np.empty(n, np.int32), np.empty(n), p, np.empty(n), rem_mean)
+            scratch = self._scratch_f64
+            # cap: a fresh float64 difference (plan / budgets); outputs other than p and rem_mean are not read.
+            makespan = kernel(self._no_accept[:n], table, pooled, out_len, self._inf[:n] if cap is None else cap,
+                              tau_obs, draws, self._tail_params, self._scratch_i32[:n], scratch[0, :n], p,
+                              scratch[1, :n], rem_mean)
         else:
             rem = remaining_samples(table, counts, pooled, out_len, cap, draws, cfg.num_samples, cfg.pooled_weight,
                                     cfg.length_jitter, cfg.extrapolation_fraction, cfg.min_remaining)
@@ -570,41 +627,60 @@ class BudgetController:
         Raises:
             ValueError: shapes disagree.
         """
-        keys = np.asarray(problem_keys, dtype=np.int64).reshape(-1)
+        keys = np.asarray(problem_keys, dtype=np.int64)
+        if keys.ndim != 1:
+            keys = keys.reshape(-1)
         n = len(keys)
-        out_len = np.asarray(output_len, dtype=np.float64).reshape(-1)
-        for name, v in (("output_len", out_len), ("num_rounds", num_rounds), ("max_output", max_output),
-                        ("caps", caps), ("acceptance", acceptance), ("slots", slots)):
-            if v is not None and np.shape(v) != (n,):
-                raise ValueError(f"BudgetController.plan: {name} must have shape ({n},) like problem_keys, got "
-                                 f"{np.shape(v)}")
+        out_len = np.asarray(output_len, dtype=np.float64)
+        if out_len.ndim != 1:
+            out_len = out_len.reshape(-1)
+        # Each input converted once (no copy when it already has the dtype: the Speculator's int64 / float64 arrays);
+        # caps keeps any integer dtype (gate_rows compares it exactly).
+        r = None if num_rounds is None else np.asarray(num_rounds, dtype=np.float64)
+        mo = None if max_output is None else np.asarray(max_output, dtype=np.float64)
+        caps_arr = None if caps is None else np.asarray(caps)
+        q = None if acceptance is None else np.asarray(acceptance, dtype=np.float64)
+        sl = None if slots is None else np.asarray(slots, dtype=np.int64)
+        shape = (n,)
+        if out_len.shape != shape or (r is not None and r.shape != shape) or (mo is not None and mo.shape != shape) \
+                or (caps_arr is not None and caps_arr.shape != shape) or (q is not None and q.shape != shape) \
+                or (sl is not None and sl.shape != shape):
+            for name, v in (("output_len", out_len), ("num_rounds", r), ("max_output", mo), ("caps", caps_arr),
+                            ("acceptance", q), ("slots", sl)):
+                if v is not None and v.shape != shape:
+                    raise ValueError(f"BudgetController.plan: {name} must have shape ({n},) like problem_keys, got "
+                                     f"{v.shape}")
         cfg = self.config
-        cost = self.cost
+        cost = self.cost if self._online else self._config_cost
         self._acc_expected *= cfg.acceptance_decay
         self._acc_accepted *= cfg.acceptance_decay
-        cap = None if max_output is None else np.asarray(max_output, dtype=np.float64) - out_len
+        cap = None if mo is None else mo - out_len
         if n == 0:
             return StepPlan(np.zeros(0, bool), np.zeros(0), keys, out_len, cap)
-        if num_rounds is None:
-            tau_obs = np.ones(n)
-        else:
-            r = np.asarray(num_rounds, dtype=np.float64)
-            tau_obs = np.maximum(1.0, (out_len + _TAU_PSEUDO_ROUNDS) / (r + _TAU_PSEUDO_ROUNDS))
-        replan = slots is None or n <= cfg.always_plan_rows or self._since_plan + 1 >= cfg.replan_steps \
+        if n > len(self._inf):
+            self._grow(n)
+        if r is None:
+            tau_obs = self._ones[:n]
+        else:  # max(1, (out_len + 4) / (r + 4)), in place
+            tau_obs = out_len + _TAU_PSEUDO_ROUNDS
+            tau_obs /= r + _TAU_PSEUDO_ROUNDS
+            np.maximum(tau_obs, 1.0, out=tau_obs)
+        replan = sl is None or n <= cfg.always_plan_rows or self._since_plan + 1 >= cfg.replan_steps \
             or n < (1.0 - cfg.replan_shrink) * self._rows_at_plan
-        if not replan:
-            sl = np.asarray(slots, dtype=np.int64)
-            replan = bool(sl.max() >= len(self._slot_epoch) or (self._slot_epoch[sl] != self._epoch).any())
+        if sl is not None:
+            top = int(np.maximum.reduce(sl))
+            # A request not seen at the last computation (slot epochs never exceed the current epoch).
+            if not replan:
+                replan = top >= len(self._slot_epoch) or int(np.minimum.reduce(self._slot_epoch[sl])) < self._epoch
         if replan:
             p = self._tail(keys, out_len, cap, tau_obs)
             self._counters["replans"] += 1
             self._since_plan = 0
             self._rows_at_plan = n
             self._epoch += 1
-            if slots is not None:
-                sl = np.asarray(slots, dtype=np.int64)
-                if sl.size and sl.max() >= len(self._slot_p):
-                    size = max(int(sl.max()) + 1, 2 * len(self._slot_p), 64)
+            if sl is not None:
+                if top >= len(self._slot_p):
+                    size = max(top + 1, 2 * len(self._slot_p), 64)
                     self._slot_p = np.concatenate([self._slot_p, np.zeros(size - len(self._slot_p))])
                     self._slot_epoch = np.concatenate([self._slot_epoch,
                                                        np.full(size - len(self._slot_epoch), -1, np.int64)])
@@ -613,20 +689,26 @@ class BudgetController:
         else:
             self._since_plan += 1
             p = self._slot_p[sl]
-            tot = float(p.sum())
-            p = p / tot if tot > 0 else np.full(n, 1.0 / n)
-        p = (1.0 - cfg.tail_prior_weight) * p + cfg.tail_prior_weight / n
+            tot = float(np.add.reduce(p))
+            if tot > 0:
+                p /= tot
+            else:
+                p = np.full(n, 1.0 / n)
+        w = cfg.tail_prior_weight
+        p = (1.0 - w) * p
+        p += w / n
         weight = cost.c_base_ms * p
-        caps_arr = np.full(n, 16, np.int64) if caps is None else np.asarray(caps, dtype=np.int64)
-        q = np.full(n, cfg.gate_acceptance_prior) if acceptance is None else np.asarray(acceptance, np.float64)
-        draft = gate_rows(weight, q, caps_arr, cost.c_tok_ms, cfg.draft_row_us / 1000.0, cfg.draft_margin)
+        draft = gate_rows(weight, self._prior[:n] if q is None else q,
+                          self._caps16[:n] if caps_arr is None else caps_arr, cost.c_tok_ms,
+                          cfg.draft_row_us / 1000.0, cfg.draft_margin)
+        drafted = int(np.count_nonzero(draft))
         c = self._counters
         c["steps"] += 1
         c["rows"] += n
-        c["rows_speculated"] += int(draft.sum())
-        self._last_silent = not draft.any()
+        c["rows_speculated"] += drafted
+        self._last_silent = not drafted
         c["silent_steps"] += int(self._last_silent)
-        c["tail_rows"] += int((p >= 0.5).sum())
+        c["tail_rows"] += int(np.count_nonzero(p >= 0.5))
         self.last_tail_prob = p
         return StepPlan(draft, weight, keys, out_len, cap, replan)
 
@@ -645,9 +727,11 @@ class BudgetController:
         cfg = self.config
         n = len(slots)
         if not self._last_silent or n <= cfg.always_plan_rows or self._since_plan + 1 >= cfg.replan_steps \
-                or n < (1.0 - cfg.replan_shrink) * self._rows_at_plan or cfg.cost_source == "online":
+                or n < (1.0 - cfg.replan_shrink) * self._rows_at_plan or self._online:
             return False
-        if slots.max() >= len(self._slot_epoch) or (self._slot_epoch[slots] != self._epoch).any():
+        # A request the last computation did not see (slot epochs never exceed the current epoch).
+        if np.maximum.reduce(slots) >= len(self._slot_epoch) \
+                or np.minimum.reduce(self._slot_epoch[slots]) < self._epoch:
             return False
         self._since_plan += 1
         self._acc_expected *= cfg.acceptance_decay
@@ -677,7 +761,12 @@ class BudgetController:
             ValueError: shapes disagree or ``accept`` lies outside ``[0, 1]``.
         """
         accept = np.asarray(accept, dtype=np.float64)
-        idx = np.arange(len(plan.draft)) if rows is None else np.asarray(rows, dtype=np.int64).reshape(-1)
+        if rows is None:
+            idx = np.arange(len(plan.draft))
+        else:
+            idx = np.asarray(rows, dtype=np.int64)
+            if idx.ndim != 1:
+                idx = idx.reshape(-1)
         if accept.ndim != 2 or len(accept) != len(idx):
             raise ValueError(f"BudgetController.cut: accept must be [{len(idx)}, K] (one row per drafted row), got "
                              f"shape {accept.shape}")
@@ -685,26 +774,30 @@ class BudgetController:
         if m == 0:
             self.last_expected_kept = np.zeros(0)
             return np.zeros(0, np.int32)
-        if k and (accept.min() < 0.0 or accept.max() > 1.0):
+        if k and (np.minimum.reduce(accept, axis=None) < 0.0 or np.maximum.reduce(accept, axis=None) > 1.0):
             raise ValueError(f"BudgetController.cut: accept must lie in [0, 1], got range [{accept.min()}, "
                              f"{accept.max()}]; pass DraftBatch.accept")
         cfg = self.config
-        cost = self.cost
-        table, counts, pooled = self.lengths.gather(plan.problem_keys[idx])
+        cost = self.cost if self._online else self._config_cost
+        table, counts, pooled = self.lengths.gather(plan.problem_keys[idx])  # float64, C-contiguous
         cap = None if plan.max_remaining is None else plan.max_remaining[idx]
         weight = plan.weight_ms[idx]
         ratio = self.acceptance_ratio
-        kernel = self._native_kernel("controller_cut")
+        kernel = self._kernels.get("controller_cut", _UNSET)
+        if kernel is _UNSET:
+            kernel = self._native_kernel("controller_cut")
         if kernel is not None:
+            if m > len(self._inf):
+                self._grow(m)
             capped, kept = np.empty(m, np.int32), np.empty(m)
             lengths = capped
-            params = {"ratio": ratio, "c_tok_ms": cost.c_tok_ms, "draft_margin": cfg.draft_margin,
-                      "pooled_weight": cfg.pooled_weight, "length_jitter": cfg.length_jitter,
-                      "extrapolation_fraction": cfg.extrapolation_fraction, "min_remaining": float(cfg.min_remaining)}
-            kernel(np.ascontiguousarray(accept), np.ascontiguousarray(table, dtype=np.float64),
-                   np.ascontiguousarray(pooled, dtype=np.float64), np.ascontiguousarray(plan.generated[idx]),
-                   np.full(m, np.inf) if cap is None else np.ascontiguousarray(cap, dtype=np.float64),
-                   self._stratified(m), np.ascontiguousarray(weight), params, capped, np.empty(m), kept)
+            params = self._cut_params
+            params["ratio"] = ratio
+            params["c_tok_ms"] = cost.c_tok_ms
+            # Fancy-indexed rows (generated, cap, weight) are new C-contiguous arrays already.
+            kernel(np.ascontiguousarray(accept), table, pooled, plan.generated[idx],
+                   self._inf[:m] if cap is None else np.ascontiguousarray(cap, dtype=np.float64),
+                   self._stratified(m), weight, params, capped, self._scratch_f64[0, :m], kept)
         else:
             rem = remaining_samples(table, counts, pooled, plan.generated[idx], cap, self._stratified(m),
                                     cfg.num_samples, cfg.pooled_weight, cfg.length_jitter, cfg.extrapolation_fraction,
@@ -714,12 +807,13 @@ class BudgetController:
             lengths, value = optimal_draft_lengths(useful, weight, cost.c_tok_ms, cfg.draft_margin)
             capped = apply_step_cap(useful, lengths, value, cost.c_tok_ms, cfg.step_token_cap)
             kept = np.where(np.arange(k)[None, :] < capped[:, None], accept * survival_k, 0.0).sum(axis=1)
+        kept_tokens = int(np.add.reduce(capped))
         c = self._counters
-        c["rows_drafting"] += int((capped > 0).sum())
-        c["offered_tokens"] += int((accept > 0).sum())
-        c["kept_tokens"] += int(capped.sum())
-        c["expected_accepted"] += float(kept.sum())
-        c["capped_steps"] += int(capped.sum() < lengths.sum())
+        c["rows_drafting"] += int(np.count_nonzero(capped))  # kept lengths are >= 0
+        c["offered_tokens"] += int(np.count_nonzero(accept > 0))
+        c["kept_tokens"] += kept_tokens
+        c["expected_accepted"] += float(np.add.reduce(kept))
+        c["capped_steps"] += int(lengths is not capped and kept_tokens < int(np.add.reduce(lengths)))
         self.last_expected_kept = kept
         return capped
 
@@ -762,7 +856,7 @@ class BudgetController:
             raise ValueError(f"BudgetController.budgets: accept must lie in [0, 1], got range "
                              f"[{accept.min()}, {accept.max()}]; pass DraftBatch.accept")
         cfg = self.config
-        cost = self.cost
+        cost = self.cost if self._online else self._config_cost
         table, counts, pooled = self.lengths.gather(keys)
         cap = None if max_output is None else np.asarray(max_output, dtype=np.float64) - out_len
         if num_rounds is None:
@@ -781,13 +875,11 @@ class BudgetController:
             draws = self.rng.random((4, n, cfg.num_samples))
             capped = lengths = np.empty(n, np.int32)
             p, kept, rem_mean = np.empty(n), np.empty(n), np.empty(n)
-            params = {"ratio": ratio, "tail_prior_weight": cfg.tail_prior_weight, "c_base_ms": cost.c_base_ms,
-                      "c_tok_ms": cost.c_tok_ms, "draft_margin": cfg.draft_margin,
-                      "pooled_weight": cfg.pooled_weight, "length_jitter": cfg.length_jitter,
-                      "extrapolation_fraction": cfg.extrapolation_fraction,
-                      "min_remaining": float(cfg.min_remaining)}
-            makespan = kernel(np.ascontiguousarray(accept), np.ascontiguousarray(table, dtype=np.float64),
-                              np.ascontiguousarray(pooled, dtype=np.float64), out_len,
+            params = self._budget_params
+            params["ratio"] = ratio
+            params["c_base_ms"] = cost.c_base_ms
+            params["c_tok_ms"] = cost.c_tok_ms
+            makespan = kernel(np.ascontiguousarray(accept), table, pooled, out_len,
                               np.full(n, np.inf) if cap is None else np.ascontiguousarray(cap, dtype=np.float64),
                               tau_obs, draws, params, lengths, np.empty(n), p, kept, rem_mean)
         else:
@@ -821,15 +913,23 @@ class BudgetController:
     def _native_kernel(self, name: str = "controller_budgets"):
         """The native kernel ``name`` (``controller_budgets`` / ``controller_cut``) when the config's backend allows
         it and the core is built, else ``None`` (numpy). ``step_token_cap > 0`` always runs in numpy (the kernels have
-        no step cap)."""
+        no step cap). Resolved once per controller and name (the import and the availability check are not per
+        step); ``backend="native"`` without the core raises ``ImportError`` at every call instead (nothing cached)."""
+        kernel = self._kernels.get(name, _UNSET)
+        if kernel is not _UNSET:
+            return kernel
         cfg = self.config
         if cfg.backend == "python" or cfg.step_token_cap > 0:
-            return None
-        from das_trl.drafter import native
+            kernel = None
+        else:
+            from das_trl.drafter import native
 
-        if cfg.backend == "native":
-            return getattr(native.load(), name)
-        return getattr(native.load(), name, None) if native.available() else None
+            if cfg.backend == "native":
+                kernel = getattr(native.load(), name)
+            else:
+                kernel = getattr(native.load(), name, None) if native.available() else None
+        self._kernels[name] = kernel
+        return kernel
 
     # ------------------------------------------------------------------ diagnostics
     def reset_counters(self) -> None:

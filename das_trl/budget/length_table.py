@@ -37,9 +37,12 @@ class LengthTable:
         self.global_quantiles = int(global_quantiles)
         self._lengths: dict[int, deque] = {}
         self._dirty = True
+        # Sorted keys; the table and counts carry one extra all-PAD row (index len(keys)) that unknown keys gather, and
+        # the keys one extra entry (-1, never a key past the last one) so a miss is one comparison.
         self._keys = np.zeros(0, np.int64)
-        self._table = np.zeros((0, self.max_lengths), np.float64)
-        self._counts = np.zeros(0, np.int64)
+        self._keys_ext = np.full(1, -1, np.int64)
+        self._table = np.full((1, self.max_lengths), PAD, np.float64)
+        self._counts = np.zeros(1, np.int64)
         self._global = np.zeros(0, np.float64)
 
     def __len__(self) -> int:
@@ -75,9 +78,10 @@ class LengthTable:
         keys = np.fromiter(self._lengths.keys(), np.int64, len(self._lengths))
         order = np.argsort(keys)
         self._keys = keys[order]
+        self._keys_ext = np.append(self._keys, -1)
         w = self.max_lengths
-        table = np.full((len(keys), w), PAD, np.float64)
-        counts = np.zeros(len(keys), np.int64)
+        table = np.full((len(keys) + 1, w), PAD, np.float64)  # + the unknown keys' row
+        counts = np.zeros(len(keys) + 1, np.int64)
         items = list(self._lengths.values())
         for row, j in enumerate(order.tolist()):  # once per history push, not per engine step
             vals = np.sort(np.fromiter(items[j], np.float64))
@@ -102,20 +106,22 @@ class LengthTable:
             ``(table, counts, pooled)``: ``float64 [n, max_lengths]`` lengths sorted ascending per row, the row's
             ``counts[i]`` lengths in its last columns and :data:`PAD` before them (all :data:`PAD` for an unknown
             problem); ``int64 [n]`` counts; ``float64 [global_quantiles]`` ascending quantiles of all problems' kept
-            lengths pooled (empty before any history), the fallback for unknown problems.
+            lengths pooled (empty before any history), the fallback for unknown problems. ``table`` and ``counts`` are
+            new arrays (the caller may modify them); ``pooled`` is the table's own (read it only).
+
+        Cost: a handful of numpy calls on ``[n]`` / ``[n, max_lengths]`` arrays (one binary search, one row gather), no
+        per-row Python; the sorted table is rebuilt only after :meth:`observe` added lengths.
         """
         if self._dirty:
             self._rebuild()
-        keys = np.asarray(problem_keys, dtype=np.int64).reshape(-1)
-        n = len(keys)
-        if not len(self._keys):
-            return np.full((n, self.max_lengths), PAD), np.zeros(n, np.int64), self._global
-        pos = np.minimum(np.searchsorted(self._keys, keys), len(self._keys) - 1)
-        hit = self._keys[pos] == keys
-        table = self._table[pos]
-        table[~hit] = PAD
-        counts = np.where(hit, self._counts[pos], 0)
-        return table, counts, self._global
+        keys = np.asarray(problem_keys, dtype=np.int64)
+        if keys.ndim != 1:
+            keys = keys.reshape(-1)
+        # Sorted search; a key not in the table (including one past the last key: the -1 sentinel) gets the extra
+        # all-PAD row with count 0.
+        pos = self._keys.searchsorted(keys)
+        np.putmask(pos, self._keys_ext[pos] != keys, len(self._keys))
+        return self._table.take(pos, axis=0), self._counts[pos], self._global
 
     def stats(self) -> dict:
         """``problems`` known and ``lengths`` kept (all problems)."""
