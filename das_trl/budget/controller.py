@@ -131,6 +131,12 @@ class ControllerConfig:
             at least every ``replan_steps`` engine steps, whenever a request is new, and whenever the batch shrank
             below ``(1 - replan_shrink)`` of its size at the last computation; in between, each request keeps its
             probability (renormalised over the rows still running). 1 = every step.
+        quiet_replan_max_steps: while consecutive recomputations draft no row, the interval between them doubles
+            (``replan_steps``, 2x, 4x, ... up to this many steps; a value ``<= replan_steps`` disables the backoff),
+            and it returns to ``replan_steps`` as soon as a plan drafts any row. At 256-320 rows a recomputation costs
+            ~0.4-0.9 ms of the engine's step, so where nothing pays for a long stretch (large batches, expensive
+            verification) recomputing every ``replan_steps`` costs ~0.1 ms per step for nothing; new requests,
+            ``replan_shrink``, ``always_plan_rows`` and ``cost_source="online"`` still force a plan as before.
         always_plan_rows: batches of at most this many rows are recomputed every step (the tail, where the
             decision matters most and the computation is cheapest).
     """
@@ -161,6 +167,7 @@ class ControllerConfig:
     replan_steps: int = 8
     replan_shrink: float = 0.125
     always_plan_rows: int = 32
+    quiet_replan_max_steps: int = 64
 
     def __post_init__(self) -> None:
         def need(ok: bool, msg: str) -> None:
@@ -200,6 +207,9 @@ class ControllerConfig:
         need(0.0 <= self.replan_shrink < 1.0, f"replan_shrink must be in [0, 1), got {self.replan_shrink}")
         need(isinstance(self.always_plan_rows, int) and self.always_plan_rows >= 0,
              f"always_plan_rows must be an int >= 0, got {self.always_plan_rows!r}")
+        need(isinstance(self.quiet_replan_max_steps, int) and not isinstance(self.quiet_replan_max_steps, bool)
+             and self.quiet_replan_max_steps >= 0,
+             f"quiet_replan_max_steps must be an int >= 0, got {self.quiet_replan_max_steps!r}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -485,6 +495,10 @@ class BudgetController:
         self._epoch = 0
         self._since_plan = 0
         self._rows_at_plan = 0
+        # Steps between recomputations: replan_steps, doubled (up to quiet_replan_max_steps) after each recomputation
+        # that drafted nothing when the one before it drafted nothing too; back to replan_steps when a plan drafts.
+        self._replan_interval = cfg.replan_steps
+        self._silent_replans = 0  # consecutive recomputations that drafted no row
         self._draws: dict[int, np.ndarray] = {}
         # Per-call constants of the hot path (plan / cut run once per engine step): the resolved native kernels, the
         # kernels' settings (only "ratio" / "c_base_ms" / "c_tok_ms" are set per call; the kernel reads the dict during
@@ -605,10 +619,11 @@ class BudgetController:
         """Decide, before drafting, which rows of this engine step are worth drafting at all.
 
         The tail probability ``P_i`` (who finishes last; module docstring) is computed from deterministic stratified
-        samples and, with ``slots``, kept per request between recomputations (``replan_steps``, ``replan_shrink``,
-        ``always_plan_rows``). A row is drafted when even its predicted acceptance can pay for its verification and
-        for the proposer's CPU (``draft_row_us``) (:func:`gate_rows`); the rest are not drafted, so a step where
-        nothing pays costs the proposer almost nothing.
+        samples and, with ``slots``, kept per request between recomputations (``replan_steps``, backed off up to
+        ``quiet_replan_max_steps`` while recomputations draft nothing; ``replan_shrink``; ``always_plan_rows``). A
+        row is drafted when even its predicted acceptance can pay for its verification and for the proposer's CPU
+        (``draft_row_us``) (:func:`gate_rows`); the rest are not drafted, so a step where nothing pays costs the
+        proposer almost nothing.
 
         Args:
             problem_keys: ``int64 [n]`` problem of each row.
@@ -665,7 +680,7 @@ class BudgetController:
             tau_obs = out_len + _TAU_PSEUDO_ROUNDS
             tau_obs /= r + _TAU_PSEUDO_ROUNDS
             np.maximum(tau_obs, 1.0, out=tau_obs)
-        replan = sl is None or n <= cfg.always_plan_rows or self._since_plan + 1 >= cfg.replan_steps \
+        replan = sl is None or n <= cfg.always_plan_rows or self._since_plan + 1 >= self._replan_interval \
             or n < (1.0 - cfg.replan_shrink) * self._rows_at_plan
         if sl is not None:
             top = int(np.maximum.reduce(sl))
@@ -707,6 +722,13 @@ class BudgetController:
         c["rows"] += n
         c["rows_speculated"] += drafted
         self._last_silent = not drafted
+        if drafted:
+            self._silent_replans = 0
+            self._replan_interval = cfg.replan_steps
+        elif replan:  # the 2nd, 3rd, ... silent recomputation in a row doubles the interval (quiet_replan_max_steps)
+            self._silent_replans += 1
+            if self._silent_replans > 1 and cfg.quiet_replan_max_steps > cfg.replan_steps:
+                self._replan_interval = min(2 * self._replan_interval, cfg.quiet_replan_max_steps)
         c["silent_steps"] += int(self._last_silent)
         c["tail_rows"] += int(np.count_nonzero(p >= 0.5))
         self.last_tail_prob = p
@@ -715,18 +737,20 @@ class BudgetController:
     def quiet_step(self, slots: np.ndarray) -> bool:
         """Whether this engine step may skip :meth:`plan` and draft nothing, because nothing paid at the last plan
         and nothing that decision rests on was recomputed since: it drafted no row, the tail probabilities are not
-        due (the rules of ``replan_steps``, ``replan_shrink`` and ``always_plan_rows``) and every row is a request
-        the last plan saw. Between recomputations the gate therefore re-decides only when they are due (at most
-        ``replan_steps - 1`` steps later than a per-step gate would, as acceptance priors drift back), and a step
-        where nothing pays costs O(1) here instead of the plan's O(rows) array work. When it returns ``True`` the
-        step is counted as planned and silent (``quiet_steps`` counts these); when ``False`` call :meth:`plan`.
+        due (the rules of ``replan_steps`` / ``quiet_replan_max_steps``, ``replan_shrink`` and ``always_plan_rows``)
+        and every row is a request the last plan saw. Between recomputations the gate therefore re-decides only when
+        they are due (at most one interval minus one step later than a per-step gate would, as acceptance priors drift
+        back: ``replan_steps - 1``, or up to ``quiet_replan_max_steps - 1`` once consecutive recomputations drafted
+        nothing), and a step where nothing pays costs O(1) here instead of the plan's O(rows) array work. When it
+        returns ``True`` the step is counted as planned and silent (``quiet_steps`` counts these); when ``False`` call
+        :meth:`plan`.
 
         Args:
             slots: ``int [n]`` the rows' request slots, as given to :meth:`plan`.
         """
         cfg = self.config
         n = len(slots)
-        if not self._last_silent or n <= cfg.always_plan_rows or self._since_plan + 1 >= cfg.replan_steps \
+        if not self._last_silent or n <= cfg.always_plan_rows or self._since_plan + 1 >= self._replan_interval \
                 or n < (1.0 - cfg.replan_shrink) * self._rows_at_plan or self._online:
             return False
         # A request the last computation did not see (slot epochs never exceed the current epoch).
@@ -948,7 +972,9 @@ class BudgetController:
         for verification), ``expected_accepted`` (their summed acceptance estimates), ``tail_rows`` (rows with a
         tail probability >= 0.5), ``capped_steps`` (steps cut by ``step_token_cap``), ``rows_speculated`` (rows the
         plan drafted), ``silent_steps`` (steps it drafted none), ``replans`` (tail probabilities recomputed),
-        ``quiet_steps`` (silent steps that skipped the plan: :meth:`quiet_step`). Gauges: ``c_base_ms`` /
+        ``quiet_steps`` (silent steps that skipped the plan: :meth:`quiet_step`). Gauges: ``replan_interval``
+        (engine steps between tail recomputations now: ``replan_steps``, or longer while consecutive recomputations
+        drafted nothing, see ``quiet_replan_max_steps``), ``c_base_ms`` /
         ``c_tok_ms`` (the cost model in use), ``cost_online`` (1 when it is the online fit), ``fit_steps``,
         ``fit_c_base_ms`` / ``fit_c_tok_ms`` / ``fit_r2`` (the online fit, nan until computable),
         ``expected_makespan_rounds`` (last step), ``problems`` (with lengths)."""
@@ -959,7 +985,7 @@ class BudgetController:
                    cost_online=int(cost is not self._config_cost), fit_steps=fit["steps"],
                    fit_c_base_ms=_finite(fit["c_base_ms"]), fit_c_tok_ms=_finite(fit["c_tok_ms"]),
                    fit_r2=_finite(fit["r2"]), expected_makespan_rounds=self.last_expected_makespan,
-                   acceptance_ratio=self.acceptance_ratio,
+                   acceptance_ratio=self.acceptance_ratio, replan_interval=self._replan_interval,
                    problems=len(self.lengths))
         return out
 

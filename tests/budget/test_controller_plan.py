@@ -108,3 +108,90 @@ def test_quiet_step_skips_the_plan_only_after_a_silent_plan_and_until_a_recomput
     # a plan that drafts something ends the quiet steps
     ctl.plan(keys, out_len, rounds, None, None, np.full(64, 0.9), slots)
     assert not ctl.quiet_step(slots)
+
+
+def _quiet_run(ctl, keys, out_len, rounds, acc, slots, steps):
+    """Steps as the Speculator takes them: quiet_step, else plan. Returns the steps (0-based) that planned, and
+    whether each plan recomputed."""
+    planned = []
+    for step in range(steps):
+        if step and ctl.quiet_step(slots):
+            continue
+        plan = ctl.plan(keys, out_len + step, rounds + step, None, None, acc, slots)
+        planned.append((step, plan.replanned, bool(plan.draft.any())))
+    return planned
+
+
+def test_quiet_recomputations_back_off_while_nothing_pays():
+    keys, out_len, rounds, _ = _batch(64)
+    slots = np.arange(64)
+    low = np.full(64, 0.01)  # nothing pays at this acceptance
+    ctl = _controller()  # replan_steps 8, quiet_replan_max_steps 64
+    planned = _quiet_run(ctl, keys, out_len, rounds, low, slots, 400)
+    assert all(replanned and not drafted for _, replanned, drafted in planned)
+    steps = [s for s, _, _ in planned]
+    assert np.diff(steps).tolist()[:6] == [8, 16, 32, 64, 64, 64]
+    assert len(steps) == 1 + 4 + (400 - 1 - 120) // 64  # 0, 8, 24, 56, 120, then every 64
+    assert ctl.stats()["replans"] == len(steps) and ctl.stats()["replan_interval"] == 64
+    assert ctl.stats()["quiet_steps"] == 400 - len(steps)
+    # plan() itself follows the same interval (a step that plans without asking quiet_step, e.g. a request drafted
+    # last step, does not recompute before the backed-off interval is due)
+    ctl = _controller()
+    _quiet_run(ctl, keys, out_len, rounds, low, slots, 9)  # recomputed at 0 and 8: the interval is now 16
+    replanned = [ctl.plan(keys, out_len, rounds, None, None, low, slots).replanned for _ in range(16)]
+    assert replanned == [False] * 15 + [True]
+    # quiet_replan_max_steps <= replan_steps: every replan_steps, as before the backoff
+    for off in (8, 0):
+        ctl = _controller(quiet_replan_max_steps=off)
+        steps = [s for s, _, _ in _quiet_run(ctl, keys, out_len, rounds, low, slots, 400)]
+        assert steps == list(range(0, 400, 8)) and ctl.stats()["replan_interval"] == 8
+    # the cap need not be a power-of-two multiple
+    ctl = _controller(replan_steps=5, quiet_replan_max_steps=30)
+    steps = [s for s, _, _ in _quiet_run(ctl, keys, out_len, rounds, low, slots, 200)]
+    assert np.diff(steps).tolist()[:5] == [5, 10, 20, 30, 30]
+
+
+def test_a_plan_that_drafts_resets_the_recomputation_interval():
+    keys, out_len, rounds, _ = _batch(64)
+    slots = np.arange(64)
+    low, high = np.full(64, 0.01), np.full(64, 0.9)
+    ctl = _controller()
+    steps = [s for s, _, _ in _quiet_run(ctl, keys, out_len, rounds, low, slots, 25)]
+    assert steps == [0, 8, 24] and ctl.stats()["replan_interval"] == 32
+    # a plan that drafts (even one that did not recompute) ends the backoff
+    plan = ctl.plan(keys, out_len, rounds, None, None, high, slots)
+    assert plan.draft.any() and not plan.replanned
+    assert ctl.stats()["replan_interval"] == 8
+    # and the next silent stretch starts again from replan_steps: recomputed 8 steps after the last recomputation
+    ctl.plan(keys, out_len, rounds, None, None, low, slots)  # silent, kept P (2 steps since the recomputation)
+    quiet = [ctl.quiet_step(slots) for _ in range(6)]
+    assert quiet == [True] * 5 + [False]
+    assert ctl.plan(keys, out_len, rounds, None, None, low, slots).replanned
+    assert ctl.stats()["replan_interval"] == 8  # the first silent recomputation after a draft does not double
+
+
+def test_new_requests_and_shrinks_still_force_a_plan_during_the_backoff():
+    keys, out_len, rounds, _ = _batch(64)
+    slots = np.arange(64)
+    low = np.full(64, 0.01)
+    ctl = _controller()
+    _quiet_run(ctl, keys, out_len, rounds, low, slots, 121)
+    assert ctl.stats()["replan_interval"] == 64  # recomputed at step 120: 63 quiet steps allowed from here
+    assert ctl.quiet_step(slots)
+    new = np.append(slots[:-1], 200)  # one request ended, a new one (slot not seen at the last plan) joined
+    assert not ctl.quiet_step(new)
+    assert ctl.plan(keys, out_len, rounds, None, None, low, new).replanned
+    assert ctl.quiet_step(new)
+    assert not ctl.quiet_step(new[:50])  # shrank by more than replan_shrink
+    assert ctl.plan(keys[:50], out_len[:50], rounds[:50], None, None, low[:50], new[:50]).replanned
+    assert not ctl.quiet_step(new[:32])  # small batches plan every step
+    assert ctl.plan(keys[:32], out_len[:32], rounds[:32], None, None, low[:32], new[:32]).replanned
+    online = BudgetController(ControllerConfig(cost_source="online"))
+    online.plan(keys, out_len, rounds, None, None, low, slots)
+    assert not online.quiet_step(slots)  # the online cost fit plans every step
+
+
+def test_quiet_replan_max_steps_is_validated():
+    for bad in (-1, 2.5, True, "64"):
+        with pytest.raises(ValueError, match="quiet_replan_max_steps"):
+            ControllerConfig(quiet_replan_max_steps=bad)
