@@ -62,6 +62,7 @@ class NativeDASDrafter:
     def __init__(self, config: DrafterConfig | None = None) -> None:
         self.config = config if config is not None else DrafterConfig()
         self._mod = _native.load()
+        self._checked_out: tuple | None = None  # the out arrays step_slots last validated (reused views)
         c = self.config
         self._core = self._mod.Drafter({
             "max_tree_depth": c.max_tree_depth, "match_context_tokens": c.match_context_tokens,
@@ -302,9 +303,11 @@ class NativeDASDrafter:
         work. When no row drafts and ``config.background_ingest`` is on, the new tokens are copied (at most one
         step's tokens are held) and appended to the automata by the ingest thread while the engine runs its forward
         pass: the call costs the validation, the reports and that copy. In a drafting step the drafting rows' new
-        tokens are appended before the drafts are made (a previous step's deferred tokens first), and with
-        ``config.defer_idle_rows`` the other rows' are left to the thread (the shared automata see them one step
-        later); without it every row's are appended first, and drafts equal the synchronous path's.
+        tokens are appended before the drafts are made (a previous step's deferred tokens first); with
+        ``config.defer_idle_rows`` only to the drafting rows' own automata, and everything else (the other rows'
+        tokens, and every row's in the shared sibling / batch automata) is left to the thread: the shared automata
+        see the step's tokens one step later. Without it every row's are appended first everywhere, and drafts equal
+        the synchronous path's.
 
         Args:
             slots: ``int32 [n]`` active slots.
@@ -332,9 +335,11 @@ class NativeDASDrafter:
         cols = [int32_array(a, name, n) for a, name in ((rows, "rows"), (num_tokens, "num_tokens"),
                                                  (num_prompt, "num_prompt"), (num_sampled, "num_sampled"),
                                                  (num_verified, "num_verified"))]
-        budgets = np.asarray(max_tokens).reshape(-1)
-        if budgets.dtype != np.int32:
-            budgets = np.clip(budgets.astype(np.int64), -1, _I32_MAX).astype(np.int32)
+        budgets = max_tokens
+        if not (type(budgets) is np.ndarray and budgets.dtype == np.int32):
+            budgets = np.asarray(max_tokens).reshape(-1)
+            if budgets.dtype != np.int32:
+                budgets = np.clip(budgets.astype(np.int64), -1, _I32_MAX).astype(np.int32)
         budgets = int32_array(budgets, "max_tokens", n)
         matrix = token_matrix
         if not (isinstance(matrix, np.ndarray) and matrix.dtype == np.int32 and matrix.flags.c_contiguous):
@@ -345,7 +350,10 @@ class NativeDASDrafter:
         if out is None:
             out, fill_idle = DraftBatch.empty(n, k), False  # zeroed already: rows without a draft are not written
         else:
-            _check_out(out, n, k)
+            arrays = (out.tokens, out.lengths, out.accept, out.source, out.match_len)
+            if self._checked_out is None or any(a is not b for a, b in zip(arrays, self._checked_out)):
+                _check_out(out, n, k)  # a batch of views reused across steps is checked once
+                self._checked_out = arrays
             fill_idle = True
         self._core.step(matrix, slots, *cols, budgets, out.tokens, out.accept, out.lengths, out.source, out.match_len,
                         fill_idle, release)
@@ -361,8 +369,20 @@ class NativeDASDrafter:
             pairs = [(self._slots[r], k) for r, k in zip(request_ids, np.asarray(lengths).tolist()) if r in self._slots]
         if pairs:
             slots, keep = zip(*pairs)
-            self._core.trim(np.asarray(slots, np.int32), np.clip(np.asarray(keep, np.int64), 0, 2**31 - 1)
-                            .astype(np.int32))
+            self.trim_slots(np.asarray(slots, np.int32), np.asarray(keep, np.int64))
+
+    def trim_slots(self, slots: np.ndarray, lengths: np.ndarray) -> None:
+        """:meth:`trim` by slot (:meth:`slot_of`; no per-row id lookup): ``slots`` ``int32 [m]`` active slots,
+        ``lengths`` ``int [m]`` tokens sent per row (clipped to ``[0, 2**31)``). Does not wait for a deferred ingest.
+
+        Raises:
+            KeyError: a slot that is not active. ValueError: lengths differ in size.
+        """
+        slots = int32_array(slots, "slots")
+        lengths = np.asarray(lengths)
+        if lengths.dtype != np.int32 or lengths.min(initial=0) < 0:
+            lengths = np.clip(lengths.astype(np.int64), 0, 2**31 - 1).astype(np.int32)
+        self._core.trim(slots, int32_array(lengths, "lengths", len(slots)))
 
     def record_acceptance(self, request_id: str, num_accepted: int, num_verified: int | None = None) -> None:
         """Report the verification outcome of a request's last draft (see :meth:`DASDrafter.record_acceptance`);

@@ -24,12 +24,16 @@ def int32_array(a: np.ndarray | Sequence[int], name: str, n: int | None = None) 
     Raises:
         ValueError: ``a`` does not have ``n`` entries (when ``n`` is given) or holds values outside int32.
     """
-    arr = np.asarray(a).reshape(-1)
+    if type(a) is np.ndarray and a.dtype == np.int32 and a.ndim == 1 and a.flags.c_contiguous:
+        arr = a  # the hot path (vLLM's arrays, the Speculator's): attribute checks only, no numpy call
+    else:
+        arr = np.asarray(a).reshape(-1)
     if arr.dtype != np.int32:
         if arr.size and (arr.min() < -TOKEN_LIMIT or arr.max() >= TOKEN_LIMIT):
             raise ValueError(f"step: {name} must fit in int32, got values in [{arr.min()}, {arr.max()}]")
         arr = arr.astype(np.int32)
-    arr = np.ascontiguousarray(arr)
+    if not arr.flags.c_contiguous:
+        arr = np.ascontiguousarray(arr)
     if n is not None and len(arr) != n:
         raise ValueError(f"step: {name} must have one entry per row ({n}), got {len(arr)}")
     return arr

@@ -52,6 +52,7 @@ class Speculator:
         self._req = _RequestArrays(256)
         self._by_slot = hasattr(drafter, "step_slots")
         self._buffer: DraftBatch | None = None
+        self._views: DraftBatch | None = None
         self.set_controller(controller)
         self._last_ids: list[str] | None = None
         self._last_slots = np.zeros(0, np.int64)
@@ -145,7 +146,7 @@ class Speculator:
         if req_ids == self._last_ids:
             slots = self._last_slots
         else:
-            slots = np.fromiter((self._slot_of[r] for r in req_ids), dtype=np.int64, count=n)
+            slots = np.fromiter(map(self._slot_of.__getitem__, req_ids), dtype=np.int64, count=n)
             self._last_ids, self._last_slots = list(req_ids), slots
         req = self._req
         # int32 as vLLM holds them (other integer arrays are converted once here; the drafter takes int32 as is)
@@ -157,41 +158,45 @@ class Speculator:
             return self._quiet_step(req_ids, slots, token_matrix, rows, num_tokens, num_prompt, num_sampled, verified)
         checked = self._observe_verification(slots, num_sampled, verified)
         if step_ms is not None and n and self.controller.config.cost_source == "online":
-            self.controller.observe_step(n + int(checked.sum()), step_ms)
+            self.controller.observe_step(n + checked, step_ms)
         output_len = num_tokens - num_prompt
         k = self.drafter.config.max_spec_tokens
-        caps = np.clip(np.minimum(k, self.max_model_len - num_tokens - 1), 0, None).astype(np.int32)
+        caps = np.maximum(np.minimum(self.max_model_len - 1 - num_tokens, k), 0)  # int32, as num_tokens
         ctl = self.controller
         plan = ctl.plan(req.key[slots], output_len, req.rounds[slots], req.max_output[slots], caps,
                         req.acceptance(slots), slots)
-        budgets = np.where(plan.draft, caps, np.int32(0))
+        planned = int(np.count_nonzero(plan.draft))
+        budgets = np.where(plan.draft, caps, np.int32(0)) if planned else self._zero_budgets(n)
         out = self._drafter_step(req_ids, slots, token_matrix, rows, num_tokens, num_prompt, num_sampled, verified,
                                  budgets, release=False)
-        # A planned row the drafter found nothing for counts as a rejection in its record: otherwise a request that
-        # never matches would never learn it, and would be planned again every step.
-        empty = slots[plan.draft & (out.lengths == 0)]
-        if len(empty):
+        drafting = np.flatnonzero(out.lengths)
+        if planned > len(drafting):
+            # A planned row the drafter found nothing for counts as a rejection in its record: otherwise a request
+            # that never matches would never learn it, and would be planned again every step.
+            empty = slots[plan.draft & (out.lengths == 0)]
             req.misses[empty] = _OUTCOME_DECAY * req.misses[empty] + 1.0
             req.hits[empty] *= _OUTCOME_DECAY
             req.global_misses += len(empty)
-        drafting = np.flatnonzero(out.lengths)
+        c = self.counters
         if len(drafting):
-            keep = np.zeros(n, np.int64)
-            keep[drafting] = ctl.cut(plan, out.accept[drafting], drafting)
-            out.truncate(keep)
-            self.drafter.trim([req_ids[i] for i in drafting.tolist()], out.lengths[drafting])
+            kept = ctl.cut(plan, out.accept[drafting], drafting)
+            out.truncate_rows(drafting, kept)
+            kept = out.lengths[drafting]
+            if self._by_slot:  # by slot: no request-id lookups
+                self.drafter.trim_slots(req.dslot[slots[drafting]], kept)
+            else:
+                self.drafter.trim([req_ids[i] for i in drafting.tolist()], kept)
             req.expected[slots[drafting]] = ctl.last_expected_kept
+            c["drafts"] += int(np.count_nonzero(kept))
+            c["draft_tokens"] += int(kept.sum())
+        req.sent[slots] = out.lengths
         if self._by_slot:  # the idle rows' tokens go to the ingest thread only now: the trim did not wait for them
             self.drafter.release_ingest()
-        req.sent[slots] = out.lengths
         self._silent = not len(drafting)
-        c = self.counters
         c["steps"] += 1
         c["request_rounds"] += n
-        c["speculated_rows"] += int(plan.draft.sum())
-        c["silent_steps"] += int(not plan.draft.any())
-        c["drafts"] += int(np.count_nonzero(out.lengths))
-        c["draft_tokens"] += int(out.lengths.sum())
+        c["speculated_rows"] += planned
+        c["silent_steps"] += int(not planned)
         return out
 
     def _quiet_step(self, req_ids: list[str], slots: np.ndarray, token_matrix: np.ndarray, rows: np.ndarray,
@@ -204,17 +209,20 @@ class Speculator:
         req.global_hits *= _GLOBAL_DECAY
         req.global_misses *= _GLOBAL_DECAY
         n = len(slots)
-        if len(self._zeros) < n:
-            self._zeros = np.zeros(max(n, 2 * len(self._zeros)), np.int32)
-        budgets = self._zeros[:n]
         out = self._drafter_step(req_ids, slots, token_matrix, rows, num_tokens, num_prompt, num_sampled, verified,
-                                 budgets)
+                                 self._zero_budgets(n))
         c = self.counters
         c["steps"] += 1
         c["request_rounds"] += n
         c["silent_steps"] += 1
         c["quiet_steps"] += 1
         return out
+
+    def _zero_budgets(self, n: int) -> np.ndarray:
+        """``int32 [n]`` zeros from a buffer kept across steps (never written to)."""
+        if len(self._zeros) < n:
+            self._zeros = np.zeros(max(n, 2 * len(self._zeros)), np.int32)
+        return self._zeros[:n]
 
     def _drafter_step(self, req_ids: list[str], slots: np.ndarray, token_matrix: np.ndarray, rows: np.ndarray,
                       num_tokens: np.ndarray, num_prompt: np.ndarray, num_sampled: np.ndarray, verified: np.ndarray,
@@ -233,35 +241,41 @@ class Speculator:
         buf = self._buffer
         if buf is None or len(buf) < n or buf.tokens.shape[1] != k:
             buf = self._buffer = DraftBatch.empty(max(n, 2 * (len(buf) if buf is not None else 0), 64), k)
-        return DraftBatch(buf.tokens[:n], buf.lengths[:n], buf.accept[:n], buf.source[:n], buf.match_len[:n])
+            self._views = None
+        views = self._views
+        if views is None or len(views) != n:  # the same views while the batch size holds (the drafter checks less)
+            views = self._views = DraftBatch(buf.tokens[:n], buf.lengths[:n], buf.accept[:n], buf.source[:n],
+                                             buf.match_len[:n])
+        return views
 
-    def _observe_verification(self, slots: np.ndarray, num_sampled: np.ndarray, verified: np.ndarray) -> np.ndarray:
+    def _observe_verification(self, slots: np.ndarray, num_sampled: np.ndarray, verified: np.ndarray) -> int:
         """How last step's drafts fared: the controller's kept-draft record, each request's acceptance record and
-        the drafter's totals. ``verified``: draft tokens vLLM scheduled (-1: the whole draft sent). Returns the draft
-        tokens verified per row (``int64 [n]``)."""
+        the verification counters. ``verified``: draft tokens vLLM scheduled (-1: the whole draft sent). Returns the
+        draft tokens verified in all. Works on the rows that had a draft only."""
         req = self._req
         sent = req.sent[slots]
-        all_checked = np.where(verified >= 0, np.minimum(sent, verified), sent)
-        drafted = sent > 0
-        if drafted.any():
-            checked = all_checked[drafted]
-            accepted = np.minimum(checked, num_sampled[drafted] - 1)
-            expected = (req.expected[slots] * all_checked / np.maximum(sent, 1))[drafted]
+        idx = np.flatnonzero(sent)
+        total_checked = 0
+        if len(idx):
+            s, sent = slots[idx], sent[idx]
+            ver = verified[idx]
+            checked = np.where(ver >= 0, np.minimum(sent, ver), sent)
+            accepted = np.minimum(checked, num_sampled[idx] - 1)
             total_accepted = int(accepted.sum())
-            self.controller.observe_acceptance(float(expected.sum()), total_accepted)
+            total_checked = int(checked.sum())
+            self.controller.observe_acceptance(float((req.expected[s] * checked / sent).sum()), total_accepted)
             # Counted here, not read back from the drafter: its counters wait for a deferred ingest in progress,
             # which would put the ingest thread's work back on the engine's critical path.
-            self.counters["verified_drafts"] += len(checked)
+            self.counters["verified_drafts"] += len(idx)
             self.counters["accepted_tokens"] += total_accepted
-            s = slots[drafted]
             misses = accepted < checked
             req.hits[s] = _OUTCOME_DECAY * req.hits[s] + accepted
             req.misses[s] = _OUTCOME_DECAY * req.misses[s] + misses
-            req.global_hits += float(accepted.sum())
-            req.global_misses += float(misses.sum())
+            req.global_hits += float(total_accepted)
+            req.global_misses += float(np.count_nonzero(misses))
         req.global_hits *= _GLOBAL_DECAY
         req.global_misses *= _GLOBAL_DECAY
-        return all_checked
+        return total_checked
 
 
 class _RequestArrays:

@@ -188,7 +188,8 @@ def test_background_ingest_changes_nothing(seed, hold):
 def test_defer_idle_rows_is_deterministic_and_loses_no_token(seed):
     """defer_idle_rows (the default): drafting steps leave the rows without a budget to the ingest thread. Two
     drafters (thread at work / held, so the next call ingests) draft identically at every step; against the
-    synchronous path most drafts agree (only the other rows' newest tokens arrive a step later); more steps defer;
+    synchronous path most drafts agree (every row's newest tokens, the drafting rows' own included, reach the shared
+    sibling / batch automata a step later: 79 % of the draft lengths agree on seed 0)
     every token is ingested in the end (same live token counts), and the cores stay consistent."""
     a, b, sync = make(True, defer_idle_rows=True), make(True, defer_idle_rows=True), make(False)
     b._core.hold_ingest(True)
@@ -210,7 +211,7 @@ def test_defer_idle_rows_is_deterministic_and_loses_no_token(seed):
 
     eng = Engine([a, b, sync, silent_only], seed)
     eng.run(160, on_step)
-    assert agree[1] > 100 and agree[0] >= 0.8 * agree[1], agree
+    assert agree[1] > 100 and agree[0] >= 0.7 * agree[1], agree
     sa, sb, sc = a.stats(), b.stats(), sync.stats()
     # the drafting steps with idle rows deferred too
     assert sa["deferred_steps"] == sb["deferred_steps"] >= silent_only.stats()["deferred_steps"] + 30
@@ -408,7 +409,8 @@ def test_trim_after_an_unreleased_step_does_not_ingest_and_release_hands_it_to_t
     assert out.lengths[:2].all() and not out.lengths[2:].any()
     d.trim(ids[:2], [1, 0])
     core = d._core.stats()  # reads the queue first, then completes it (a caller ingest)
-    assert core["ingest_queued_tokens"] == 6 * 292 and core["caller_ingests"] == 0  # step and trim left them queued
+    # step and trim left them queued: the idle rows' tokens, and the drafting rows' for the shared automata
+    assert core["ingest_queued_tokens"] == n * 292 and core["caller_ingests"] == 0
     assert core["caller_ingests"] == 0 and d._core.stats()["caller_ingests"] == 1
     # the next step: released, the thread ingests them (no caller ingest)
     args = args[:2] + (np.full(n, 301, np.int32), args[3], np.ones(n, np.int32), args[5])
@@ -420,3 +422,30 @@ def test_trim_after_an_unreleased_step_does_not_ingest_and_release_hands_it_to_t
     s = d.stats()
     assert s["ingest_queued_tokens"] == 0 and s["ingest_caller_steps"] == 1 and s["deferred_steps"] == 2
     assert s["drafts"] == 2 and d.check() == ""
+
+
+def test_trim_slots_equals_trim_by_id():
+    """trim_slots (the Speculator's trim, by slot) leaves the same counters as trim by request id; a bad slot raises
+    and changes nothing."""
+    rng = np.random.default_rng(4)
+    n = 6
+    seq = rng.integers(0, 6, 400).astype(np.int32)
+    ids = [f"s{i}" for i in range(n)]
+    drafters = [make(True), make(True)]
+    for d in drafters:
+        for r in ids:
+            d.start_request(r, seq[:8].tolist(), problem_key=3)
+    matrix = np.tile(seq, (n, 1))
+    args = (matrix, np.arange(n, dtype=np.int32), np.full(n, 200, np.int32), np.full(n, 8, np.int32),
+            np.full(n, 192, np.int32), np.full(n, -1, np.int32), np.full(n, K, np.int32))
+    outs = [d.step(ids, *args) for d in drafters]
+    assert np.array_equal(outs[0].lengths, outs[1].lengths) and outs[0].lengths.all()
+    keep = np.array([0, 1, 2, 0, 3, 50])
+    drafters[0].trim(ids, keep)
+    a = drafters[1]
+    with pytest.raises(KeyError):
+        a.trim_slots(np.array([a.slot_of(ids[1]), 999], np.int32), np.array([0, 0]))
+    assert a.stats()["drafts"] == n  # nothing trimmed
+    a.trim_slots(np.array([a.slot_of(r) for r in ids], np.int32), keep)
+    s0, s1 = drafters[0].stats(), a.stats()
+    assert s0["drafts"] == s1["drafts"] == n - 2 and s0["draft_tokens"] == s1["draft_tokens"]

@@ -63,3 +63,30 @@ def test_truncate_and_errors():
         d.propose_batch(["a"], [1, 2])
     with pytest.raises(KeyError):
         d.propose_batch(["nope"], [4])
+
+
+def test_truncate_rows_equals_truncate_on_the_rows_and_writes_in_place(rng):
+    """truncate_rows (the Speculator's cut of the drafted rows) gives what truncate gives with the other rows'
+    budgets at their lengths, in the same arrays (a buffer's views stay valid), rows untouched otherwise."""
+    n, k = 12, 6
+    for _ in range(20):
+        b = DraftBatch.empty(n, k)
+        b.lengths[:] = rng.integers(0, k + 1, n)
+        cols = np.arange(k)[None, :] < b.lengths[:, None]
+        b.tokens[:] = np.where(cols, rng.integers(1, 50, (n, k)), 0)
+        b.accept[:] = np.where(cols, np.sort(rng.random((n, k)), axis=1)[:, ::-1], 0.0)
+        b.source[:] = np.where(b.lengths > 0, rng.integers(0, 3, n), NO_SOURCE)
+        b.match_len[:] = np.where(b.lengths > 0, rng.integers(1, 9, n), 0)
+        rows = rng.choice(n, size=int(rng.integers(0, n + 1)), replace=False)
+        keep = rng.integers(-1, k + 2, len(rows))
+        ref = DraftBatch(*(a.copy() for a in (b.tokens, b.lengths, b.accept, b.source, b.match_len)))
+        budgets = ref.lengths.astype(np.int64)
+        budgets[rows] = keep
+        ref.truncate(budgets)
+        arrays = (b.tokens, b.lengths, b.accept, b.source, b.match_len)
+        b.truncate_rows(rows, keep)
+        assert all(x is y for x, y in zip(arrays, (b.tokens, b.lengths, b.accept, b.source, b.match_len)))
+        for name in ("tokens", "lengths", "accept", "source", "match_len"):
+            assert np.array_equal(getattr(b, name), getattr(ref, name)), name
+    with pytest.raises(ValueError):
+        b.truncate_rows(np.array([0, 1]), np.array([1]))

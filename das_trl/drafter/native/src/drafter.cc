@@ -152,7 +152,11 @@ void Drafter::ingest_deferred_locked() {
   for (size_t j = 0; j < m; ++j) {
     if (j + 2 < m) prefetch_row(reqs_[defer_rows_[j + 2].slot], nullptr, nullptr);
     const Deferred& d = defer_rows_[j];
-    extend_locked(reqs_[d.slot], defer_tokens_.data() + d.begin, d.n);
+    Request& r = reqs_[d.slot];
+    if (!d.pool_only)
+      extend_locked(r, defer_tokens_.data() + d.begin, d.n);
+    else if (r.seq >= 0)
+      pool_.extend(r.seq, defer_tokens_.data() + d.begin, d.n);
   }
   defer_rows_.clear();
   defer_tokens_.clear();
@@ -253,11 +257,11 @@ void Drafter::extend(int32_t slot, const int32_t* tokens, int64_t n) {
 
 // Appends to the request's automata, gram sets and match state; Hot (the caller's) is not touched: the ingest thread
 // runs this too.
-void Drafter::extend_locked(Request& r, const int32_t* tokens, int64_t n) {
+void Drafter::extend_locked(Request& r, const int32_t* tokens, int64_t n, bool pool) {
   if (n <= 0) return;
   if (r.local)
     for (int64_t i = 0; i < n; ++i) r.local->append(r.local_cur, tokens[i]);
-  if (r.seq >= 0) pool_.extend(r.seq, tokens, n);
+  if (pool && r.seq >= 0) pool_.extend(r.seq, tokens, n);
   r.ctx.insert(r.ctx.end(), tokens, tokens + n);
   if (static_cast<int64_t>(r.ctx.size()) > 2 * cfg_.match_context)
     r.ctx.erase(r.ctx.begin(), r.ctx.end() - cfg_.match_context);
@@ -604,12 +608,14 @@ void Drafter::step(const int32_t* matrix, int64_t rows_in_matrix, int64_t row_le
     if (fresh > 0) {
       const int32_t* from = text + num_prompt[i] + known;
       h.seen = num_output;
-      if (defer || (defer_idle && budgets[i] <= 0)) {
-        defer_rows_.push_back(Deferred{slots[i], static_cast<int64_t>(defer_tokens_.size()), fresh});
-        if (fresh == 1) defer_tokens_.push_back(*from); else defer_tokens_.insert(defer_tokens_.end(), from, from + fresh);
-      } else {
+      const bool idle = defer || (defer_idle && budgets[i] <= 0);
+      if (!idle) {  // a drafting row: its own automaton and context now (the shared groups too unless deferring)
         if (i + 2 < n) prefetch_row(reqs_[slots[i + 2]], nullptr, nullptr);
-        extend_locked(reqs_[slots[i]], from, fresh);
+        extend_locked(reqs_[slots[i]], from, fresh, !defer_idle);
+      }
+      if (idle || defer_idle) {
+        defer_rows_.push_back(Deferred{slots[i], static_cast<int64_t>(defer_tokens_.size()), fresh, !idle});
+        if (fresh == 1) defer_tokens_.push_back(*from); else defer_tokens_.insert(defer_tokens_.end(), from, from + fresh);
       }
     }
     if (defer) {  // no row drafts: what propose_rows writes for a row without a budget
@@ -630,6 +636,7 @@ void Drafter::trim(const int32_t* slots, const int32_t* lengths, int64_t n) {
   // Outstanding drafts only (no automaton): a deferred ingest need not be completed first, so a trim right after a
   // step does not take it back onto the caller's thread.
   Lock lk(mu_);
+  for (int64_t i = 0; i < n; ++i) req(slots[i]);  // validate every slot before changing any draft
   for (int64_t i = 0; i < n; ++i) {
     Request& r = req(slots[i]);
     Hot& h = hot(r);
