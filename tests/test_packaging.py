@@ -207,16 +207,24 @@ def test_native_stub_matches_the_compiled_module():
     module = native.load()
     tree = ast.parse((ROOT / "das_trl" / "drafter" / "native" / "_das_native.pyi").read_text())
     functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
-    (drafter,) = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Drafter"]
-    methods = {node.name: node for node in drafter.body if isinstance(node, ast.FunctionDef)}
+    classes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
     fix = "update das_trl/drafter/native/_das_native.pyi to the bindings in src/bindings.cc"
-    exported = {n for n in dir(module) if callable(getattr(module, n)) and not n.startswith("_")} - {"Drafter"}
+    exported_classes = {n for n in dir(module) if isinstance(getattr(module, n), type) and not n.startswith("_")}
+    assert set(classes) == exported_classes == {"Drafter", "RequestBook"}, (fix, sorted(classes), exported_classes)
+    exported = {n for n in dir(module) if callable(getattr(module, n)) and not n.startswith("_")} - exported_classes
     assert set(functions) == exported, (fix, sorted(set(functions) ^ exported))
-    bound = {n for n in dir(module.Drafter) if not n.startswith("_")}
-    assert set(methods) - {"__init__"} == bound, (fix, sorted((set(methods) - {"__init__"}) ^ bound))
+    declared_all = [*functions.items()]
+    for cname, cnode in classes.items():
+        assert ast.get_docstring(cnode), f"{cname} has no docstring in the stub"
+        methods = {node.name: node for node in cnode.body if isinstance(node, ast.FunctionDef)}
+        cls = getattr(module, cname)
+        bound = {n for n in dir(cls) if not n.startswith("_") and callable(getattr(cls, n))}
+        assert set(methods) - {"__init__"} == bound, (fix, cname, sorted((set(methods) - {"__init__"}) ^ bound))
+        declared_all += [(f"{cname}.{k}", v) for k, v in methods.items()]
     assert hasattr(module, "MAX_SPEC_TOKENS") and "MAX_SPEC_TOKENS" in ast.unparse(tree)
-    for name, node in [*functions.items(), *((f"Drafter.{k}", v) for k, v in methods.items())]:
+    for name, node in declared_all:
         assert ast.get_docstring(node), f"{name} has no docstring in the stub"
-        compiled = getattr(module, name) if "." not in name else getattr(module.Drafter, name.split(".")[1])
+        compiled = getattr(module, name) if "." not in name else getattr(getattr(module, name.split(".")[0]),
+                                                                          name.split(".")[1])
         declared = [a.arg for a in node.args.args]
         assert declared == _nb_parameters(compiled), (fix, name, declared, _nb_parameters(compiled))

@@ -14,8 +14,11 @@ the same object from recorded rollouts, so the replay measures exactly the calls
 4. **Cut** (:meth:`BudgetController.cut`): keep, per drafted row, the tokens that pay; the drafter is told what was
    really sent (``trim``) so verification is accounted against the cut length.
 
-Cost per step: O(rows) numpy work plus the drafter's call; the request-id -> slot mapping is rebuilt only when the
-batch's request list changed. Not thread-safe (vLLM calls the proposer from one thread).
+The per-request records and the bookkeeping around plan and cut (verification, the gate's acceptance predictor, the
+cut of the output, the drafter's trim) live in a request book (:mod:`das_trl.vllm.request_book`): in the drafter's
+native core when the drafter is native (three calls per step), else the numpy reference. Cost per step: the plan and
+the cut (O(rows) numpy and native kernels), the drafter's call and those three; the request-id -> slot mapping is
+rebuilt only when the batch's request list changed. Not thread-safe (vLLM calls the proposer from one thread).
 """
 
 from __future__ import annotations
@@ -28,10 +31,7 @@ from das_trl.budget import BudgetController
 from das_trl.drafter.draft_batch import DraftBatch
 from das_trl.drafter.tokens import int32_array
 
-#: Per-token acceptance outcomes of a request fade by this factor at each of its verified drafts (the gate's memory).
-_OUTCOME_DECAY = 0.8
-#: The engine-wide outcomes (every request's, the prior of a request with few of its own) fade by this per step.
-_GLOBAL_DECAY = 0.99
+from .request_book import NativeRequestBook, RequestBook
 
 
 class Speculator:
@@ -41,31 +41,52 @@ class Speculator:
         drafter: a drafter from :func:`das_trl.drafter.create_drafter` (its ``max_spec_tokens`` is the hard cap K).
         controller: the :class:`~das_trl.budget.BudgetController`.
         max_model_len: the engine's model length: a draft never runs past it.
+        native_book: keep the per-request records in the native core (:class:`NativeRequestBook`; same results as
+            the numpy :class:`RequestBook`); ``None``: when the drafter is native.
+
+    Raises:
+        ValueError: ``native_book=True`` with a drafter that is not native.
     """
 
-    def __init__(self, drafter: Any, controller: BudgetController, max_model_len: int) -> None:
+    def __init__(self, drafter: Any, controller: BudgetController, max_model_len: int,
+                 native_book: bool | None = None) -> None:
         self.drafter = drafter
         self.controller = controller
         self.max_model_len = int(max_model_len)
         self._slot_of: dict[str, int] = {}
         self._free: list[int] = []
-        self._req = _RequestArrays(256)
         self._by_slot = hasattr(drafter, "step_slots")
+        module = getattr(drafter, "_mod", None)
+        if native_book is None:  # the native records go with the native drafter (its core trims in the same call)
+            native_book = self._by_slot and hasattr(module, "RequestBook")
+        elif native_book and not (self._by_slot and hasattr(module, "RequestBook")):
+            raise ValueError("native_book=True needs the native drafter (backend 'native' or 'auto' with the core built)")
+        cfg = controller.config
+        self._book: RequestBook | NativeRequestBook = (
+            NativeRequestBook(module, cfg.gate_acceptance_prior, cfg.gate_prior_rounds) if native_book
+            else RequestBook(cfg.gate_acceptance_prior, cfg.gate_prior_rounds))
         self._buffer: DraftBatch | None = None
         self._views: DraftBatch | None = None
         self.set_controller(controller)
         self._last_ids: list[str] | None = None
         self._last_slots = np.zeros(0, np.int64)
+        self._dslot = np.zeros(256, np.int32)  # per slot: the request's slot in the native drafter
+        self._last_dslots = np.zeros(0, np.int32)
         self._silent = False  # the last step sent no draft
         self._zeros = np.zeros(0, np.int32)
+        self._no_rows = (np.zeros(0, np.int32), np.zeros(0, np.float64))
         self.counters = dict(steps=0, request_rounds=0, speculated_rows=0, silent_steps=0, quiet_steps=0, drafts=0,
                              draft_tokens=0, verified_drafts=0, accepted_tokens=0)
 
     def set_controller(self, controller: BudgetController) -> None:
         """Use another budget controller from the next step on (tracked requests keep their records)."""
         self.controller = controller
-        self._req.prior = controller.config.gate_acceptance_prior
-        self._req.prior_rounds = controller.config.gate_prior_rounds
+        self._book.set_prior(controller.config.gate_acceptance_prior, controller.config.gate_prior_rounds)
+
+    @property
+    def book(self) -> RequestBook | NativeRequestBook:
+        """The per-request records (:mod:`das_trl.vllm.request_book`)."""
+        return self._book
 
     # ------------------------------------------------------------------ requests
     def start(self, req_id: str, prompt_token_ids: np.ndarray | Sequence[int], problem_key: int | None = None,
@@ -84,12 +105,14 @@ class Speculator:
             raise ValueError(f"request {req_id!r} is already tracked")
         self.drafter.start_request(req_id, prompt_token_ids, problem_key=problem_key)
         slot = self._free.pop() if self._free else len(self._slot_of)
-        self._req.ensure(slot + 1)
         self._slot_of[req_id] = slot
-        self._req.reset(slot, self.drafter.problem_of(req_id),
-                        max_output if isinstance(max_output, int) and max_output > 0 else self.max_model_len)
         # The native drafter takes slots directly (no per-row id lookup per step); the reference takes ids.
-        self._req.dslot[slot] = self.drafter.slot_of(req_id) if self._by_slot else -1
+        dslot = self.drafter.slot_of(req_id) if self._by_slot else -1
+        if slot >= len(self._dslot):
+            self._dslot = np.concatenate([self._dslot, np.zeros(max(slot + 1, len(self._dslot)), np.int32)])
+        self._dslot[slot] = dslot
+        self._book.reset(slot, self.drafter.problem_of(req_id),
+                         max_output if isinstance(max_output, int) and max_output > 0 else self.max_model_len, dslot)
         self._last_ids = None
 
     def finish(self, req_id: str) -> None:
@@ -148,48 +171,40 @@ class Speculator:
         else:
             slots = np.fromiter(map(self._slot_of.__getitem__, req_ids), dtype=np.int64, count=n)
             self._last_ids, self._last_slots = list(req_ids), slots
-        req = self._req
+            self._last_dslots = self._dslot[slots]
         # int32 as vLLM holds them (other integer arrays are converted once here; the drafter takes int32 as is)
         rows, num_tokens, num_prompt, num_sampled = (int32_array(a, name) for a, name in (
             (rows, "rows"), (num_tokens, "num_tokens"), (num_prompt, "num_prompt"), (num_sampled, "num_sampled")))
         verified = np.full(n, -1, np.int32) if num_verified is None else int32_array(num_verified, "num_verified")
-        req.rounds[slots] += 1
-        if n and self._silent and not req.sent[slots].any() and self.controller.quiet_step(slots):
+        book = self._book
+        in_flight = book.begin(slots)
+        if n and self._silent and not in_flight and self.controller.quiet_step(slots):
             return self._quiet_step(req_ids, slots, token_matrix, rows, num_tokens, num_prompt, num_sampled, verified)
-        checked = self._observe_verification(slots, num_sampled, verified)
-        if step_ms is not None and n and self.controller.config.cost_source == "online":
-            self.controller.observe_step(n + checked, step_ms)
-        output_len = num_tokens - num_prompt
-        k = self.drafter.config.max_spec_tokens
-        caps = np.maximum(np.minimum(self.max_model_len - 1 - num_tokens, k), 0)  # int32, as num_tokens
+        inputs, observed = book.prepare(slots, num_sampled, verified, num_tokens, num_prompt, self.max_model_len,
+                                        self.drafter.config.max_spec_tokens)
         ctl = self.controller
-        plan = ctl.plan(req.key[slots], output_len, req.rounds[slots], req.max_output[slots], caps,
-                        req.acceptance(slots), slots)
+        c = self.counters
+        if observed.verified_drafts:
+            ctl.observe_acceptance(observed.expected, observed.accepted)
+            # Counted here, not read back from the drafter: its counters wait for a deferred ingest in progress,
+            # which would put the ingest thread's work back on the engine's critical path.
+            c["verified_drafts"] += observed.verified_drafts
+            c["accepted_tokens"] += observed.accepted
+        if step_ms is not None and n and ctl.config.cost_source == "online":
+            ctl.observe_step(n + observed.checked, step_ms)
+        plan = ctl.plan(*inputs, slots)
         planned = int(np.count_nonzero(plan.draft))
-        budgets = np.where(plan.draft, caps, np.int32(0)) if planned else self._zero_budgets(n)
+        budgets = np.where(plan.draft, inputs.caps, np.int32(0)) if planned else self._zero_budgets(n)
         out = self._drafter_step(req_ids, slots, token_matrix, rows, num_tokens, num_prompt, num_sampled, verified,
                                  budgets, release=False)
         drafting = np.flatnonzero(out.lengths)
-        if planned > len(drafting):
-            # A planned row the drafter found nothing for counts as a rejection in its record: otherwise a request
-            # that never matches would never learn it, and would be planned again every step.
-            empty = slots[plan.draft & (out.lengths == 0)]
-            req.misses[empty] = _OUTCOME_DECAY * req.misses[empty] + 1.0
-            req.hits[empty] *= _OUTCOME_DECAY
-            req.global_misses += len(empty)
-        c = self.counters
         if len(drafting):
             kept = ctl.cut(plan, out.accept[drafting], drafting)
-            out.truncate_rows(drafting, kept)
-            kept = out.lengths[drafting]
-            if self._by_slot:  # by slot: no request-id lookups
-                self.drafter.trim_slots(req.dslot[slots[drafting]], kept)
-            else:
-                self.drafter.trim([req_ids[i] for i in drafting.tolist()], kept)
-            req.expected[slots[drafting]] = ctl.last_expected_kept
-            c["drafts"] += int(np.count_nonzero(kept))
-            c["draft_tokens"] += int(kept.sum())
-        req.sent[slots] = out.lengths
+            expected_kept = ctl.last_expected_kept
+        else:
+            kept, expected_kept = self._no_rows
+        drafts, draft_tokens = book.finish(slots, plan.draft, drafting, kept, expected_kept, out, self.drafter,
+                                           req_ids)
         if self._by_slot:  # the idle rows' tokens go to the ingest thread only now: the trim did not wait for them
             self.drafter.release_ingest()
         self._silent = not len(drafting)
@@ -197,6 +212,8 @@ class Speculator:
         c["request_rounds"] += n
         c["speculated_rows"] += planned
         c["silent_steps"] += int(not planned)
+        c["drafts"] += drafts
+        c["draft_tokens"] += draft_tokens
         return out
 
     def _quiet_step(self, req_ids: list[str], slots: np.ndarray, token_matrix: np.ndarray, rows: np.ndarray,
@@ -205,9 +222,7 @@ class Speculator:
         """A step the controller let skip its plan (:meth:`BudgetController.quiet_step`): nothing was drafted last
         step and nothing is drafted now, so there is no verification to learn from and nothing to cut; the drafter
         only takes the new tokens (off the critical path where it defers its ingest)."""
-        req = self._req
-        req.global_hits *= _GLOBAL_DECAY
-        req.global_misses *= _GLOBAL_DECAY
+        self._book.decay()
         n = len(slots)
         out = self._drafter_step(req_ids, slots, token_matrix, rows, num_tokens, num_prompt, num_sampled, verified,
                                  self._zero_budgets(n))
@@ -230,7 +245,7 @@ class Speculator:
         """The drafter's step: by slot into the reused output buffer (native; ``release``: see
         ``NativeDASDrafter.step_slots``), else by request id."""
         if self._by_slot:
-            return self.drafter.step_slots(self._req.dslot[slots], token_matrix, rows, num_tokens, num_prompt,
+            return self.drafter.step_slots(self._last_dslots, token_matrix, rows, num_tokens, num_prompt,
                                            num_sampled, verified, budgets, self._out_buffer(len(slots)), release)
         return self.drafter.step(req_ids, token_matrix, rows, num_tokens, num_prompt, num_sampled, verified, budgets)
 
@@ -247,81 +262,3 @@ class Speculator:
             views = self._views = DraftBatch(buf.tokens[:n], buf.lengths[:n], buf.accept[:n], buf.source[:n],
                                              buf.match_len[:n])
         return views
-
-    def _observe_verification(self, slots: np.ndarray, num_sampled: np.ndarray, verified: np.ndarray) -> int:
-        """How last step's drafts fared: the controller's kept-draft record, each request's acceptance record and
-        the verification counters. ``verified``: draft tokens vLLM scheduled (-1: the whole draft sent). Returns the
-        draft tokens verified in all. Works on the rows that had a draft only."""
-        req = self._req
-        sent = req.sent[slots]
-        idx = np.flatnonzero(sent)
-        total_checked = 0
-        if len(idx):
-            s, sent = slots[idx], sent[idx]
-            ver = verified[idx]
-            checked = np.where(ver >= 0, np.minimum(sent, ver), sent)
-            accepted = np.minimum(checked, num_sampled[idx] - 1)
-            total_accepted = int(accepted.sum())
-            total_checked = int(checked.sum())
-            self.controller.observe_acceptance(float((req.expected[s] * checked / sent).sum()), total_accepted)
-            # Counted here, not read back from the drafter: its counters wait for a deferred ingest in progress,
-            # which would put the ingest thread's work back on the engine's critical path.
-            self.counters["verified_drafts"] += len(idx)
-            self.counters["accepted_tokens"] += total_accepted
-            misses = accepted < checked
-            req.hits[s] = _OUTCOME_DECAY * req.hits[s] + accepted
-            req.misses[s] = _OUTCOME_DECAY * req.misses[s] + misses
-            req.global_hits += float(total_accepted)
-            req.global_misses += float(np.count_nonzero(misses))
-        req.global_hits *= _GLOBAL_DECAY
-        req.global_misses *= _GLOBAL_DECAY
-        return total_checked
-
-
-class _RequestArrays:
-    """Per-request state kept between engine steps, as arrays indexed by slot (vectorised per step).
-
-    ``key`` (``int64``: problem key), ``rounds`` (verification rounds so far), ``max_output`` (the request's
-    ``max_tokens``, else the model length), ``sent`` (draft tokens sent for verification last step), ``expected``
-    (``float64``: the controller's acceptance estimate for them), ``hits`` / ``misses`` (``float64``: fading counts
-    of accepted draft tokens and of rejections, the request's own per-token acceptance record); ``global_hits`` /
-    ``global_misses``: the same over every request (fading per step); ``dslot`` (``int32``): the request's slot in
-    the native drafter. Grows by doubling; at most as many slots as
-    requests ever ran at once."""
-
-    _FIELDS = (("key", np.int64), ("rounds", np.int64), ("max_output", np.int64), ("sent", np.int64),
-               ("expected", np.float64), ("hits", np.float64), ("misses", np.float64), ("dslot", np.int32))
-
-    def __init__(self, capacity: int) -> None:
-        for name, dtype in self._FIELDS:
-            setattr(self, name, np.zeros(capacity, dtype))
-        self.prior = 0.5
-        self.prior_rounds = 2.0
-        self.global_hits = 0.0
-        self.global_misses = 0.0
-
-    def ensure(self, size: int) -> None:
-        if size > len(self.key):
-            cap = max(size, 2 * len(self.key))
-            for name, dtype in self._FIELDS:
-                old = getattr(self, name)
-                new = np.zeros(cap, dtype)
-                new[: len(old)] = old
-                setattr(self, name, new)
-
-    def reset(self, slot: int, key: int, max_output: int) -> None:
-        self.key[slot] = key
-        self.rounds[slot] = -1  # the first step of a request is round 0
-        self.max_output[slot] = max_output
-        self.sent[slot] = self.expected[slot] = self.hits[slot] = self.misses[slot] = 0
-
-    def acceptance(self, slots: np.ndarray) -> np.ndarray:
-        """Predicted per-token acceptance ``float64 [n]`` (a geometric model: ``hits / (hits + misses)``): the
-        request's fading record, with ``prior_rounds`` pseudo-rounds at the engine-wide rate, itself the fading record
-        of every request with 2 pseudo-rounds at the configured ``prior`` (so a step in which nothing was drafted
-        drifts back towards the prior, and the gate tries again)."""
-        q0, r0 = self.prior, self.prior_rounds
-        g_hits = self.global_hits + 2.0 * q0 / (1.0 - q0)
-        qg = min(g_hits / (g_hits + self.global_misses + 2.0), 0.99)
-        hits = self.hits[slots] + r0 * qg / (1.0 - qg)
-        return hits / (hits + self.misses[slots] + r0)

@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["MAX_SPEC_TOKENS", "Drafter", "controller_budgets", "controller_cut"]
+__all__ = ["MAX_SPEC_TOKENS", "Drafter", "RequestBook", "controller_budgets", "controller_cut"]
 
+_B = npt.NDArray[np.bool_]
 _I8 = npt.NDArray[np.int8]
 _I32 = npt.NDArray[np.int32]
 _I64 = npt.NDArray[np.int64]
@@ -185,6 +186,58 @@ class Drafter:
     def check(self) -> str:
         """Integrity check of every automaton and request (for tests): ``""`` when consistent, else a description
         of the first problem found."""
+
+class RequestBook:
+    """Per-request records of ``das_trl.vllm.speculator.Speculator`` by slot (problem key, rounds, max output, draft
+    tokens sent and their expected acceptance, the fading accepted / rejected record) and the bookkeeping of one
+    engine step around the controller's plan and cut, equal bit for bit to the numpy reference
+    ``das_trl.vllm.request_book.RequestBook`` (see ``src/request_book.h``). Use it through
+    ``das_trl.vllm.request_book.NativeRequestBook``. Not thread-safe."""
+
+    global_hits: float
+    global_misses: float
+
+    def __init__(self) -> None:
+        """An empty book (prior 0.5 over 2 pseudo-rounds until :meth:`set_prior`)."""
+
+    def set_prior(self, prior: float, prior_rounds: float) -> None:
+        """The gate's acceptance prior in ``[0, 1)`` and its weight in pseudo-rounds."""
+
+    def reset(self, slot: int, key: int, max_output: int, dslot: int) -> None:
+        """A new request in ``slot`` (the book grows to hold it): problem key, max output tokens, drafter slot."""
+
+    def begin(self, slots: _I64) -> bool:
+        """Every row's round count + 1; whether any row had a draft sent last step. Unknown slot: ``ValueError``."""
+
+    def decay(self) -> None:
+        """A step that skipped the plan: the engine-wide record fades (x 0.99)."""
+
+    def prepare(self, slots: _I64, num_sampled: _I32, verified: _I32, num_tokens: _I32, num_prompt: _I32,
+                max_model_len: int, k: int, key: _I64, out_len: _I32, rounds: _I64, max_output: _I64, caps: _I32,
+                q: _F64) -> tuple[int, int, int, float]:
+        """Last step's verification (rows with a draft sent), then the plan's inputs for the ``n`` rows written to
+        the six output arrays. Returns ``(verified drafts, accepted tokens, verified tokens, expected accepted
+        tokens)``."""
+
+    def finish(self, slots: _I64, planned: _B, drafting: _I64, kept: _I32, expected_kept: _F64, tokens: _I32,
+               accept: _F64, lengths: _I32, source: _I8, match_len: _I32, drafter: Drafter | None) -> tuple[int, int]:
+        """After the drafter's step and the cut: planned rows without a draft count as rejections, the ``m``
+        drafting rows (row indices) are cut to ``kept`` in the ``[n, K]`` output in place and in ``drafter`` (its
+        trim; ``None``: not told), and what was sent is recorded. Releases the GIL. Returns ``(drafts, draft
+        tokens)`` sent."""
+
+    def ints(self, which: int) -> list[int]:
+        """A copy of an integer record per slot: 0 key, 1 rounds, 2 max output, 3 sent, 4 drafter slot."""
+
+    def doubles(self, which: int) -> list[float]:
+        """A copy of a float record per slot: 0 expected acceptance of the tokens sent, 1 hits, 2 misses."""
+
+    def bytes(self) -> int:
+        """Bytes held (records and scratch buffers)."""
+
+    def size(self) -> int:
+        """Slots held."""
+
 
 def controller_budgets(accept: _F64, table: _F64, pooled: _F64, generated: _F64, cap: _F64, tau_obs: _F64,
                        draws: _F64, params: dict[str, Any], lengths: _I32, value: _F64, p: _F64,

@@ -10,6 +10,7 @@
 
 #include "controller.h"
 #include "drafter.h"
+#include "request_book.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -365,4 +366,72 @@ NB_MODULE(_das_native, m) {
       "value"_a, "expected_kept"_a,
       "The cut of a planned step for the drafted rows (das_trl/budget/controller.py, BudgetController.cut): kept "
       "draft tokens per row given each row's weight c_base * P_i; see src/controller.h.");
+
+  nb::class_<das::RequestBook>(m, "RequestBook",
+                               "Per-request records and the step bookkeeping of das_trl/vllm/speculator.py "
+                               "(see src/request_book.h; the Python reference is das_trl/vllm/request_book.py).")
+      .def(nb::init<>())
+      .def("set_prior", &das::RequestBook::set_prior, "prior"_a, "prior_rounds"_a)
+      .def("reset", &das::RequestBook::reset, "slot"_a, "key"_a, "max_output"_a, "dslot"_a)
+      .def("begin", [](das::RequestBook& b, In1<int64_t> slots) {
+             return b.begin(slots.data(), static_cast<int64_t>(slots.shape(0)));
+           }, "slots"_a)
+      .def("decay", &das::RequestBook::decay)
+      .def("prepare",
+           [](das::RequestBook& b, In1<int64_t> slots, In1<int32_t> num_sampled, In1<int32_t> verified,
+              In1<int32_t> num_tokens, In1<int32_t> num_prompt, int64_t max_model_len, int32_t k, Out1<int64_t> key,
+              Out1<int32_t> out_len, Out1<int64_t> rounds, Out1<int64_t> max_output, Out1<int32_t> caps,
+              Out1<double> q) {
+             const size_t n = slots.shape(0);
+             for (auto [name, got] : {std::pair<const char*, size_t>{"num_sampled", num_sampled.shape(0)},
+                                      {"verified", verified.shape(0)}, {"num_tokens", num_tokens.shape(0)},
+                                      {"num_prompt", num_prompt.shape(0)}, {"key", key.shape(0)},
+                                      {"out_len", out_len.shape(0)}, {"rounds", rounds.shape(0)},
+                                      {"max_output", max_output.shape(0)}, {"caps", caps.shape(0)},
+                                      {"q", q.shape(0)}})
+               need_rows(name, got, n);
+             const das::RequestBook::Observed o = b.prepare(
+                 slots.data(), static_cast<int64_t>(n), num_sampled.data(), verified.data(), num_tokens.data(),
+                 num_prompt.data(), max_model_len, k, key.data(), out_len.data(), rounds.data(), max_output.data(),
+                 caps.data(), q.data());
+             return nb::make_tuple(o.verified_drafts, o.accepted, o.checked, o.expected);
+           },
+           "slots"_a, "num_sampled"_a, "verified"_a, "num_tokens"_a, "num_prompt"_a, "max_model_len"_a, "k"_a,
+           "key"_a, "out_len"_a, "rounds"_a, "max_output"_a, "caps"_a, "q"_a,
+           "Last step's verification, then the plan's inputs (written to the output arrays). Returns (verified "
+           "drafts, accepted tokens, verified tokens, expected accepted tokens).")
+      .def("finish",
+           [](das::RequestBook& b, In1<int64_t> slots, In1<bool> planned, In1<int64_t> drafting, In1<int32_t> kept,
+              In1<double> expected_kept, Out2<int32_t> tokens, Out2<double> accept, Out1<int32_t> lengths,
+              Out1<int8_t> source, Out1<int32_t> match_len, das::Drafter* drafter) {
+             const size_t n = slots.shape(0), m = drafting.shape(0);
+             for (auto [name, got] : {std::pair<const char*, size_t>{"planned", planned.shape(0)},
+                                      {"tokens", tokens.shape(0)}, {"accept", accept.shape(0)},
+                                      {"lengths", lengths.shape(0)}, {"source", source.shape(0)},
+                                      {"match_len", match_len.shape(0)}})
+               need_rows(name, got, n);
+             need_rows("kept", kept.shape(0), m);
+             need_rows("expected_kept", expected_kept.shape(0), m);
+             if (accept.shape(1) != tokens.shape(1))
+               throw das::InputError("tokens and accept must have the same width");
+             nb::gil_scoped_release nogil;  // the drafter's trim takes its lock
+             const das::RequestBook::Finished f = slot_guard([&] {
+               return b.finish(slots.data(), static_cast<int64_t>(n), planned.data(), drafting.data(),
+                               static_cast<int64_t>(m), kept.data(), expected_kept.data(), tokens.data(),
+                               accept.data(), lengths.data(), source.data(), match_len.data(),
+                               static_cast<int32_t>(tokens.shape(1)), drafter);
+             });
+             nb::gil_scoped_acquire gil;
+             return nb::make_tuple(f.drafts, f.draft_tokens);
+           },
+           "slots"_a, "planned"_a, "drafting"_a, "kept"_a, "expected_kept"_a, "tokens"_a, "accept"_a, "lengths"_a,
+           "source"_a, "match_len"_a, "drafter"_a.none(),
+           "After the drafter's step and the cut: records, the output cut in place and the drafter's trim. Returns "
+           "(drafts, draft tokens) sent.")
+      .def("ints", &das::RequestBook::ints, "which"_a)
+      .def("doubles", &das::RequestBook::doubles, "which"_a)
+      .def("bytes", &das::RequestBook::bytes)
+      .def("size", &das::RequestBook::size)
+      .def_rw("global_hits", &das::RequestBook::global_hits)
+      .def_rw("global_misses", &das::RequestBook::global_misses);
 }

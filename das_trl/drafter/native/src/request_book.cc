@@ -1,0 +1,195 @@
+#include "request_book.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "common.h"
+#include "drafter.h"
+
+namespace das {
+
+namespace {
+
+// numpy's pairwise summation of a contiguous float64 array (np.add.reduce), operation for operation, so the sum
+// equals the reference's np.sum bit for bit.
+double pairwise_sum(const double* a, int64_t n) {
+  if (n < 8) {
+    double res = 0.0;
+    for (int64_t i = 0; i < n; ++i) res += a[i];
+    return res;
+  }
+  if (n <= 128) {
+    double r[8];
+    for (int j = 0; j < 8; ++j) r[j] = a[j];
+    int64_t i = 8;
+    for (; i < n - (n % 8); i += 8)
+      for (int j = 0; j < 8; ++j) r[j] += a[i + j];
+    double res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+    for (; i < n; ++i) res += a[i];
+    return res;
+  }
+  int64_t n2 = n / 2;
+  n2 -= n2 % 8;
+  return pairwise_sum(a, n2) + pairwise_sum(a + n2, n - n2);
+}
+
+}  // namespace
+
+void RequestBook::set_prior(double prior, double prior_rounds) {
+  prior_ = prior;
+  prior_rounds_ = prior_rounds;
+}
+
+void RequestBook::reset(int64_t slot, int64_t key, int64_t max_output, int32_t dslot) {
+  if (slot < 0) throw InputError("request book: slot must be >= 0, got " + std::to_string(slot));
+  if (slot >= size()) {
+    const size_t cap = static_cast<size_t>(slot) + 1;
+    key_.resize(cap, 0);
+    rounds_.resize(cap, 0);
+    max_output_.resize(cap, 0);
+    sent_.resize(cap, 0);
+    dslot_.resize(cap, 0);
+    expected_.resize(cap, 0.0);
+    hits_.resize(cap, 0.0);
+    misses_.resize(cap, 0.0);
+  }
+  key_[slot] = key;
+  rounds_[slot] = -1;  // the first step of a request is round 0
+  max_output_[slot] = max_output;
+  sent_[slot] = 0;
+  expected_[slot] = hits_[slot] = misses_[slot] = 0.0;
+  dslot_[slot] = dslot;
+}
+
+void RequestBook::check(const int64_t* slots, int64_t n) const {
+  for (int64_t i = 0; i < n; ++i)
+    if (slots[i] < 0 || slots[i] >= size())
+      throw InputError("request book: row " + std::to_string(i) + " has unknown slot " + std::to_string(slots[i]));
+}
+
+bool RequestBook::begin(const int64_t* slots, int64_t n) {
+  check(slots, n);
+  bool any_sent = false;
+  for (int64_t i = 0; i < n; ++i) {
+    rounds_[slots[i]] += 1;
+    any_sent |= sent_[slots[i]] != 0;
+  }
+  return any_sent;
+}
+
+RequestBook::Observed RequestBook::prepare(const int64_t* slots, int64_t n, const int32_t* num_sampled,
+                                           const int32_t* verified, const int32_t* num_tokens,
+                                           const int32_t* num_prompt, int64_t max_model_len, int32_t k, int64_t* key,
+                                           int32_t* out_len, int64_t* rounds, int64_t* max_output, int32_t* caps,
+                                           double* q) {
+  check(slots, n);
+  Observed o;
+  scratch_.clear();
+  int64_t misses_total = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t s = slots[i];
+    const int64_t sent = sent_[s];
+    if (sent == 0) continue;
+    const int64_t checked = verified[i] >= 0 ? std::min<int64_t>(sent, verified[i]) : sent;
+    const int64_t accepted = std::min<int64_t>(checked, static_cast<int64_t>(num_sampled[i]) - 1);
+    o.verified_drafts += 1;
+    o.accepted += accepted;
+    o.checked += checked;
+    scratch_.push_back(expected_[s] * static_cast<double>(checked) / static_cast<double>(sent));
+    const bool miss = accepted < checked;
+    hits_[s] = kOutcomeDecay * hits_[s] + static_cast<double>(accepted);
+    misses_[s] = kOutcomeDecay * misses_[s] + (miss ? 1.0 : 0.0);
+    misses_total += miss;
+  }
+  if (o.verified_drafts) {
+    o.expected = pairwise_sum(scratch_.data(), static_cast<int64_t>(scratch_.size()));
+    global_hits += static_cast<double>(o.accepted);
+    global_misses += static_cast<double>(misses_total);
+  }
+  decay();
+  // The gate's predictor (the reference's _RequestBook.acceptance): the request's fading record with prior_rounds
+  // pseudo-rounds at the engine-wide rate, itself the engine's record with 2 pseudo-rounds at the prior.
+  const double q0 = prior_, r0 = prior_rounds_;
+  const double g_hits = global_hits + 2.0 * q0 / (1.0 - q0);
+  const double qg = std::min(g_hits / (g_hits + global_misses + 2.0), 0.99);
+  const double pseudo = r0 * qg / (1.0 - qg);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t s = slots[i];
+    key[i] = key_[s];
+    out_len[i] = num_tokens[i] - num_prompt[i];
+    rounds[i] = rounds_[s];
+    max_output[i] = max_output_[s];
+    caps[i] = static_cast<int32_t>(std::max<int64_t>(std::min<int64_t>(max_model_len - 1 - num_tokens[i], k), 0));
+    const double hits = hits_[s] + pseudo;
+    q[i] = hits / (hits + misses_[s] + r0);
+  }
+  return o;
+}
+
+RequestBook::Finished RequestBook::finish(const int64_t* slots, int64_t n, const bool* planned,
+                                          const int64_t* drafting, int64_t m, const int32_t* kept,
+                                          const double* expected_kept, int32_t* tokens, double* accept,
+                                          int32_t* lengths, int8_t* source, int32_t* match_len, int32_t k,
+                                          Drafter* drafter) {
+  check(slots, n);
+  for (int64_t j = 0; j < m; ++j)
+    if (drafting[j] < 0 || drafting[j] >= n || lengths[drafting[j]] <= 0)
+      throw InputError("request book: drafting row " + std::to_string(drafting[j]) + " has no draft");
+  Finished f;
+  // A planned row the drafter found nothing for counts as a rejection in its record: otherwise a request that never
+  // matches would never learn it, and would be planned again every step.
+  int64_t empty = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!planned[i] || lengths[i] != 0) continue;
+    const int64_t s = slots[i];
+    misses_[s] = kOutcomeDecay * misses_[s] + 1.0;
+    hits_[s] *= kOutcomeDecay;
+    ++empty;
+  }
+  global_misses += static_cast<double>(empty);
+  trim_slots_.clear();
+  trim_len_.clear();
+  for (int64_t j = 0; j < m; ++j) {
+    const int64_t i = drafting[j];
+    const int32_t keep = std::min(lengths[i], std::max(kept[j], 0));
+    if (keep < lengths[i]) {
+      std::fill(tokens + i * k + keep, tokens + (i + 1) * k, 0);
+      std::fill(accept + i * k + keep, accept + (i + 1) * k, 0.0);
+      if (keep == 0) {
+        source[i] = -1;
+        match_len[i] = 0;
+      }
+      lengths[i] = keep;
+    }
+    trim_slots_.push_back(dslot_[slots[i]]);
+    trim_len_.push_back(keep);
+    expected_[slots[i]] = expected_kept[j];
+    f.drafts += keep > 0;
+    f.draft_tokens += keep;
+  }
+  for (int64_t i = 0; i < n; ++i) sent_[slots[i]] = lengths[i];
+  if (drafter && m) drafter->trim(trim_slots_.data(), trim_len_.data(), m);
+  return f;
+}
+
+std::vector<int64_t> RequestBook::ints(int which) const {
+  switch (which) {
+    case 0: return key_;
+    case 1: return rounds_;
+    case 2: return max_output_;
+    case 3: return sent_;
+    default: return std::vector<int64_t>(dslot_.begin(), dslot_.end());
+  }
+}
+
+std::vector<double> RequestBook::doubles(int which) const {
+  return which == 0 ? expected_ : which == 1 ? hits_ : misses_;
+}
+
+int64_t RequestBook::bytes() const {
+  return static_cast<int64_t>(key_.capacity() * 8 * 4 + dslot_.capacity() * 4 + expected_.capacity() * 8 * 3 +
+                              scratch_.capacity() * 8 + (trim_slots_.capacity() + trim_len_.capacity()) * 4);
+}
+
+}  // namespace das
