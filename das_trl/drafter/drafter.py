@@ -303,11 +303,9 @@ class NativeDASDrafter:
         work. When no row drafts and ``config.background_ingest`` is on, the new tokens are copied (at most one
         step's tokens are held) and appended to the automata by the ingest thread while the engine runs its forward
         pass: the call costs the validation, the reports and that copy. In a drafting step the drafting rows' new
-        tokens are appended before the drafts are made (a previous step's deferred tokens first); with
-        ``config.defer_idle_rows`` only to the drafting rows' own automata, and everything else (the other rows'
-        tokens, and every row's in the shared sibling / batch automata) is left to the thread: the shared automata
-        see the step's tokens one step later. Without it every row's are appended first everywhere, and drafts equal
-        the synchronous path's.
+        tokens are appended before the drafts are made (a previous step's deferred tokens first), and with
+        ``config.defer_idle_rows`` the other rows' are left to the thread (the shared automata see them one step
+        later); without it every row's are appended first, and drafts equal the synchronous path's.
 
         Args:
             slots: ``int32 [n]`` active slots.

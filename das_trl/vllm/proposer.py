@@ -56,6 +56,7 @@ class DASProposer:
         self._clock = time.perf_counter      # seconds; replaceable in tests
         self._runner: Any = None
         self._last_req_ids: list[str] = []  # the batch's request ids at the last step (finish detection)
+        self._all_rows = np.zeros(0, np.int32)  # arange(n) for steps in which every row decodes
         # A history push builds its automata in the background; the first step after it waits for them, so which
         # history a draft sees never depends on timing (same seed, same drafts, same sampled rollouts).
         self._history_pending = False
@@ -218,13 +219,18 @@ class DASProposer:
             self._last_req_ids = req_ids
         # int32 throughout, as vLLM holds them: the drafter takes int32 arrays without converting them.
         num_sampled = np.fromiter(map(len, sampled_token_ids), dtype=np.int32, count=n)
-        if len(req_ids) == n and num_sampled.all():
-            rows, ids = np.arange(n, dtype=np.int32), req_ids
+        full = len(req_ids) == n and bool(num_sampled.all())
+        if full:  # every row decodes (the usual step): vLLM's arrays are read as slices, without a copy
+            if len(self._all_rows) != n:
+                self._all_rows = np.arange(n, dtype=np.int32)
+            rows, ids = self._all_rows, req_ids
+            num_tokens = np.asarray(num_tokens_no_spec[:n], dtype=np.int32)
+            num_prompt = np.asarray(batch.num_prompt_tokens[:n], dtype=np.int32)
         else:
             rows = np.flatnonzero(num_sampled).astype(np.int32)  # partial prefills: nothing to extend from yet
             ids = [req_ids[r] for r in rows.tolist()]
-        num_tokens = np.asarray(num_tokens_no_spec[:n], dtype=np.int32)[rows]
-        num_prompt = np.asarray(batch.num_prompt_tokens[:n], dtype=np.int32)[rows]
+            num_tokens = np.asarray(num_tokens_no_spec[:n], dtype=np.int32)[rows]
+            num_prompt = np.asarray(batch.num_prompt_tokens[:n], dtype=np.int32)[rows]
         # Same batch as last step and every row tracked: nothing new to start (no per-row scan).
         same = not changed and len(ids) == n == len(spec)
         new_rows = [] if same else [i for i, req_id in enumerate(ids) if req_id not in spec]
@@ -236,7 +242,8 @@ class DASProposer:
             # Only steps whose every token is known time the engine (no prefill chunk); the opt-in online cost fit
             # (cost_source="online") reads them.
             step_ms = 1000.0 * (started - self._step_end)
-        out = spec.step(ids, token_ids_cpu, rows, num_tokens, num_prompt, num_sampled[rows], verified, step_ms)
+        out = spec.step(ids, token_ids_cpu, rows, num_tokens, num_prompt, num_sampled if full else num_sampled[rows],
+                        verified, step_ms)
         drafts: list[list[int]] = [[] for _ in range(n)]
         for i in np.flatnonzero(out.lengths).tolist():  # only rows with a draft become Python lists
             drafts[int(rows[i])] = out.tokens[i, : out.lengths[i]].tolist()
@@ -261,7 +268,10 @@ class DASProposer:
         if arr is None:
             return np.full(len(rows), -1, np.int32)
         arr = np.asarray(arr)
-        out = np.full(len(rows), -1, np.int32)
+        n = len(rows)
+        if n <= len(arr) and rows is self._all_rows and arr.dtype == np.int32:
+            return arr[:n]  # every row, in order: a view (read during the step only)
+        out = np.full(n, -1, np.int32)
         ok = rows < len(arr)
         out[ok] = arr[rows[ok]]
         return out

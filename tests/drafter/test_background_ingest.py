@@ -188,8 +188,7 @@ def test_background_ingest_changes_nothing(seed, hold):
 def test_defer_idle_rows_is_deterministic_and_loses_no_token(seed):
     """defer_idle_rows (the default): drafting steps leave the rows without a budget to the ingest thread. Two
     drafters (thread at work / held, so the next call ingests) draft identically at every step; against the
-    synchronous path most drafts agree (every row's newest tokens, the drafting rows' own included, reach the shared
-    sibling / batch automata a step later: 79 % of the draft lengths agree on seed 0)
+    synchronous path most drafts agree (only the other rows' newest tokens arrive a step later); more steps defer;
     every token is ingested in the end (same live token counts), and the cores stay consistent."""
     a, b, sync = make(True, defer_idle_rows=True), make(True, defer_idle_rows=True), make(False)
     b._core.hold_ingest(True)
@@ -211,7 +210,7 @@ def test_defer_idle_rows_is_deterministic_and_loses_no_token(seed):
 
     eng = Engine([a, b, sync, silent_only], seed)
     eng.run(160, on_step)
-    assert agree[1] > 100 and agree[0] >= 0.7 * agree[1], agree
+    assert agree[1] > 100 and agree[0] >= 0.8 * agree[1], agree
     sa, sb, sc = a.stats(), b.stats(), sync.stats()
     # the drafting steps with idle rows deferred too
     assert sa["deferred_steps"] == sb["deferred_steps"] >= silent_only.stats()["deferred_steps"] + 30
@@ -409,8 +408,7 @@ def test_trim_after_an_unreleased_step_does_not_ingest_and_release_hands_it_to_t
     assert out.lengths[:2].all() and not out.lengths[2:].any()
     d.trim(ids[:2], [1, 0])
     core = d._core.stats()  # reads the queue first, then completes it (a caller ingest)
-    # step and trim left them queued: the idle rows' tokens, and the drafting rows' for the shared automata
-    assert core["ingest_queued_tokens"] == n * 292 and core["caller_ingests"] == 0
+    assert core["ingest_queued_tokens"] == 6 * 292 and core["caller_ingests"] == 0  # step and trim left them queued
     assert core["caller_ingests"] == 0 and d._core.stats()["caller_ingests"] == 1
     # the next step: released, the thread ingests them (no caller ingest)
     args = args[:2] + (np.full(n, 301, np.int32), args[3], np.ones(n, np.int32), args[5])

@@ -15,11 +15,8 @@
 // tokens are ingested in the same order, between the same other operations. The buffer holds at most one step's
 // new tokens (a step completes the previous step's deferred work before it reads its rows).
 // With DrafterConfig::defer_idle_rows (default), a drafting step defers the rows without a budget the same way and
-// ingests only the drafting rows' tokens before it drafts, and of those only into the row's own automaton and
-// context: the sibling and batch automata (LivePool, ~70 % of an append) get every row's newest tokens, the drafting
-// rows' included, from the thread, one step later. A drafting row so sees its own text up to date and the shared
-// automata as of the previous step (its own newest tokens there would only match its own text, which its own
-// automaton already covers). Drafts then differ slightly from the
+// ingests only the drafting rows' tokens before it drafts: a drafting row sees its own text up to date and the
+// other rows' newest tokens (in the sibling and batch automata) one step later. Drafts then differ slightly from the
 // synchronous path's, deterministically (the same inputs give the same drafts, whoever ingests the deferred rows);
 // a step with a few drafting rows in a large batch no longer pays for every row's ingest on the critical path.
 //
@@ -191,7 +188,6 @@ class Drafter {
   struct Deferred {  // one row of a deferred step: the request and its new tokens in defer_tokens_
     int32_t slot;
     int64_t begin, n;
-    bool pool_only;  // the row drafted: its own automaton has them, the shared groups (pool_) not yet
   };
   using Lock = std::unique_lock<std::mutex>;
 
@@ -205,7 +201,7 @@ class Drafter {
   // Prefetch the states an upcoming row will touch first (rows are independent: their data is scattered in memory).
   void prefetch_row(const Request& r, const Snapshot* psnap, const Snapshot* gsnap) const;
   void start_locked(int32_t slot, const int32_t* prompt, int64_t n, uint64_t problem);
-  void extend_locked(Request& r, const int32_t* tokens, int64_t n, bool pool = true);
+  void extend_locked(Request& r, const int32_t* tokens, int64_t n);
   void stop_locked(Request& r);
   void record_locked(Request& r, int64_t accepted, int64_t verified);
   void propose_rows(const int32_t* slots, const int32_t* budgets, int64_t n, int32_t* tokens, double* accept,
