@@ -155,3 +155,35 @@ def test_a_replay_is_the_same_with_the_native_and_the_reference_book(monkeypatch
     for i, (x, y) in enumerate(zip(sa, sb)):
         assert all(np.array_equal(u, v) for u, v in zip(x, y)), f"step {i}"
     _same_records(ba, bb)
+
+
+def test_bad_steps_raise_before_any_record_changes_and_an_empty_first_step_works():
+    """An empty first step (only partial prefills) works with the native book; a step with a repeated id, an
+    unknown id or arrays of the wrong length raises before the records change (a retry counts nothing twice)."""
+    from das_trl.budget import BudgetController
+
+    d = create_drafter(DrafterConfig(max_spec_tokens=K, backend="native"))
+    spec = speculator_mod.Speculator(d, BudgetController(), 200)
+    matrix = np.zeros((2, 200), np.int32)
+    empty = np.zeros(0, np.int32)
+    out = spec.step([], matrix, empty, empty, empty, empty)
+    assert len(out) == 0
+    spec.start("a", [1, 2, 3], max_output=np.int64(17))
+    spec.start("b", [1, 2, 3])
+    assert spec.book.records()["max_output"].tolist() == [17, 200]
+    with pytest.raises(ValueError, match="max_output"):
+        spec.start("c", [1, 2, 3], max_output=True)
+    before = spec.book.records()
+    one, two = np.ones(1, np.int32), np.ones(2, np.int32)
+    rows, ntok, nprompt = np.arange(2, dtype=np.int32), np.full(2, 4, np.int32), np.full(2, 3, np.int32)
+    for args, err in [((["a", "a"], matrix, rows, ntok, nprompt, two), "twice"),
+                      ((["a", "b"], matrix, rows, ntok, nprompt, one), "one entry per row")]:
+        with pytest.raises(ValueError, match=err):
+            spec.step(*args)
+    with pytest.raises(KeyError, match="not tracked"):
+        spec.step(["a", "zz"], matrix, rows, ntok, nprompt, two)
+    after = spec.book.records()
+    assert all(np.array_equal(before[k], after[k]) for k in before)
+    assert spec.counters["steps"] == 1
+    with pytest.raises(ValueError, match="max_model_len"):
+        speculator_mod.Speculator(d, BudgetController(), 0)

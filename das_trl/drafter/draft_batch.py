@@ -67,12 +67,17 @@ class DraftBatch:
         O(m K), not O(n K): the Speculator cuts only the rows that drafted.
 
         Raises:
-            ValueError: ``rows`` and ``budgets`` differ in length.
+            ValueError: ``rows`` and ``budgets`` differ in length, a row is out of range or not an integer, or a
+                budget is not an integer (nothing changed).
         """
-        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        rows = np.asarray(rows).reshape(-1)
         b = np.asarray(budgets).reshape(-1)
         if b.shape != rows.shape:
             raise ValueError(f"budgets must have shape {rows.shape} like rows, got {b.shape}")
+        if len(rows) and (rows.dtype.kind not in "iu" or b.dtype.kind not in "iu"
+                          or rows.min() < 0 or rows.max() >= len(self.lengths)):
+            raise ValueError(f"rows must be integer indices in [0, {len(self.lengths)}) and budgets integers, got "
+                             f"{rows.dtype} rows in [{rows.min()}, {rows.max()}] and {b.dtype} budgets")
         old = self.lengths[rows]
         new = np.minimum(old, np.maximum(b, 0)).astype(np.int32)
         cut = np.flatnonzero(new < old)

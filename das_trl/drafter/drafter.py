@@ -362,7 +362,13 @@ class NativeDASDrafter:
         self._core.release_ingest()
 
     def trim(self, request_ids: Sequence[str], lengths: Sequence[int] | np.ndarray) -> None:
-        """Cut outstanding drafts to what was sent (see :meth:`DASDrafter.trim`). Unknown ids are ignored."""
+        """Cut outstanding drafts to what was sent (see :meth:`DASDrafter.trim`). Unknown ids are ignored.
+
+        Raises:
+            ValueError: ``request_ids`` and ``lengths`` differ in length.
+        """
+        if len(request_ids) != len(lengths):
+            raise ValueError(f"trim: {len(request_ids)} request ids but {len(lengths)} lengths")
         with self._lock:
             pairs = [(self._slots[r], k) for r, k in zip(request_ids, np.asarray(lengths).tolist()) if r in self._slots]
         if pairs:

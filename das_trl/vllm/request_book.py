@@ -159,7 +159,14 @@ class RequestBook:
 
         Returns:
             ``(drafts, draft tokens)`` sent for verification.
+
+        Raises:
+            ValueError: ``kept`` / ``expected_kept`` / ``planned`` of the wrong length (nothing changed).
         """
+        if len(kept) != len(drafting) or len(expected_kept) != len(drafting) or len(planned) != len(slots):
+            raise ValueError(f"finish: {len(drafting)} drafting rows need as many kept / expected_kept entries (got "
+                             f"{len(kept)} / {len(expected_kept)}), and planned one per row ({len(slots)}, got "
+                             f"{len(planned)})")
         self._rejected_empty(slots, planned, out.lengths)
         drafts = tokens = 0
         if len(drafting):
@@ -202,6 +209,7 @@ class NativeRequestBook:
         self.set_prior(prior, prior_rounds)
         self._bufs: list[np.ndarray] = []
         self._cap = 0
+        self._grow(64)  # allocated up front: an empty first step (only partial prefills) needs them too
         self._empty_i32 = np.zeros(0, np.int32)
         self._empty_f64 = np.zeros(0, np.float64)
 
@@ -221,13 +229,15 @@ class NativeRequestBook:
                 num_prompt: np.ndarray, max_model_len: int, k: int) -> tuple[PlanInputs, Observed]:
         n = len(slots)
         if n > self._cap:
-            self._cap = max(n, 2 * self._cap, 64)
-            self._bufs = [np.zeros(self._cap, dt) for dt in (np.int64, np.int32, np.int64, np.int64, np.int32,
-                                                             np.float64)]
+            self._grow(max(n, 2 * self._cap))
         views = [b[:n] for b in self._bufs]
         observed = self._book.prepare(slots, num_sampled, verified, num_tokens, num_prompt, int(max_model_len),
                                       int(k), *views)
         return PlanInputs(*views), Observed(*observed)
+
+    def _grow(self, cap: int) -> None:
+        self._cap = cap
+        self._bufs = [np.zeros(cap, dt) for dt in (np.int64, np.int32, np.int64, np.int64, np.int32, np.float64)]
 
     def finish(self, slots: np.ndarray, planned: np.ndarray, drafting: np.ndarray, kept: np.ndarray,
                expected_kept: np.ndarray, out: DraftBatch, drafter: Any, req_ids: list[str] | None = None

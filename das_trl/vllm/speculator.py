@@ -45,11 +45,13 @@ class Speculator:
             the numpy :class:`RequestBook`); ``None``: when the drafter is native.
 
     Raises:
-        ValueError: ``native_book=True`` with a drafter that is not native.
+        ValueError: ``native_book=True`` with a drafter that is not native, or ``max_model_len < 1``.
     """
 
     def __init__(self, drafter: Any, controller: BudgetController, max_model_len: int,
                  native_book: bool | None = None) -> None:
+        if int(max_model_len) < 1:
+            raise ValueError(f"max_model_len must be >= 1, got {max_model_len}")
         self.drafter = drafter
         self.controller = controller
         self.max_model_len = int(max_model_len)
@@ -96,13 +98,16 @@ class Speculator:
         Args:
             prompt_token_ids: ``int`` token ids of the prompt.
             problem_key: explicit problem key (``None``: the hash of the prompt).
-            max_output: the request's ``max_tokens`` (``None``: the model length); caps its remaining length.
+            max_output: the request's ``max_tokens`` (``None`` or <= 0: the model length); caps its remaining length.
 
         Raises:
-            ValueError: the request is already tracked, or bad ids / key (from the drafter).
+            ValueError: the request is already tracked, ``max_output`` not an int, or bad ids / key (from the
+            drafter).
         """
         if req_id in self._slot_of:
             raise ValueError(f"request {req_id!r} is already tracked")
+        if max_output is not None and (not isinstance(max_output, (int, np.integer)) or isinstance(max_output, bool)):
+            raise ValueError(f"max_output must be an int or None, got {max_output!r}")
         self.drafter.start_request(req_id, prompt_token_ids, problem_key=problem_key)
         slot = self._free.pop() if self._free else len(self._slot_of)
         self._slot_of[req_id] = slot
@@ -112,7 +117,7 @@ class Speculator:
             self._dslot = np.concatenate([self._dslot, np.zeros(max(slot + 1, len(self._dslot)), np.int32)])
         self._dslot[slot] = dslot
         self._book.reset(slot, self.drafter.problem_of(req_id),
-                         max_output if isinstance(max_output, int) and max_output > 0 else self.max_model_len, dslot)
+                         int(max_output) if max_output is not None and max_output > 0 else self.max_model_len, dslot)
         self._last_ids = None
 
     def finish(self, req_id: str) -> None:
@@ -163,19 +168,27 @@ class Speculator:
             by the next step (copy what must outlive it).
 
         Raises:
-            KeyError: a request is not tracked. ValueError: shapes or lengths out of range (from the drafter).
+            KeyError: a request is not tracked. ValueError: an id twice or arrays not of ``n`` entries (nothing
+            changed); rows or lengths out of range for ``token_matrix`` (from the drafter, after this step's records
+            were updated).
         """
         n = len(req_ids)
         if req_ids == self._last_ids:
             slots = self._last_slots
         else:
-            slots = np.fromiter(map(self._slot_of.__getitem__, req_ids), dtype=np.int64, count=n)
+            try:
+                slots = np.fromiter(map(self._slot_of.__getitem__, req_ids), dtype=np.int64, count=n)
+            except KeyError as e:
+                raise KeyError(f"request {e.args[0]!r} is not tracked (start it first)") from None
+            if len(self._slot_of) < n or len(set(req_ids)) != n:
+                raise ValueError("step: a request id appears twice in req_ids")
             self._last_ids, self._last_slots = list(req_ids), slots
             self._last_dslots = self._dslot[slots]
-        # int32 as vLLM holds them (other integer arrays are converted once here; the drafter takes int32 as is)
-        rows, num_tokens, num_prompt, num_sampled = (int32_array(a, name) for a, name in (
+        # int32 as vLLM holds them (other integer arrays are converted once here; the drafter takes int32 as is);
+        # their lengths are checked before any record changes
+        rows, num_tokens, num_prompt, num_sampled = (int32_array(a, name, n) for a, name in (
             (rows, "rows"), (num_tokens, "num_tokens"), (num_prompt, "num_prompt"), (num_sampled, "num_sampled")))
-        verified = np.full(n, -1, np.int32) if num_verified is None else int32_array(num_verified, "num_verified")
+        verified = np.full(n, -1, np.int32) if num_verified is None else int32_array(num_verified, "num_verified", n)
         book = self._book
         in_flight = book.begin(slots)
         if n and self._silent and not in_flight and self.controller.quiet_step(slots):

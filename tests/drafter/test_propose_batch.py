@@ -90,3 +90,12 @@ def test_truncate_rows_equals_truncate_on_the_rows_and_writes_in_place(rng):
             assert np.array_equal(getattr(b, name), getattr(ref, name)), name
     with pytest.raises(ValueError):
         b.truncate_rows(np.array([0, 1]), np.array([1]))
+
+
+def test_truncate_rows_rejects_bad_rows_and_budgets():
+    b = DraftBatch.empty(3, 4)
+    b.lengths[:] = [4, 2, 0]
+    for rows, budgets in (([-1], [1]), ([3], [1]), ([0], [np.nan]), ([0.0], [1])):
+        with pytest.raises(ValueError):
+            b.truncate_rows(np.array(rows), np.array(budgets))
+    assert b.lengths.tolist() == [4, 2, 0]

@@ -380,7 +380,12 @@ class DASDrafter:
 
     def trim(self, request_ids: Sequence[str], lengths: Sequence[int] | np.ndarray) -> None:
         """Cut each request's outstanding draft to ``lengths[i]`` tokens: what was really sent for verification
-        (e.g. after the budget controller). Counters follow (a draft cut to 0 is no draft). Unknown ids are ignored."""
+        (e.g. after the budget controller). Counters follow (a draft cut to 0 is no draft). Unknown ids are ignored.
+
+        Raises:
+            ValueError: ``request_ids`` and ``lengths`` differ in length."""
+        if len(request_ids) != len(lengths):
+            raise ValueError(f"trim: {len(request_ids)} request ids but {len(lengths)} lengths")
         with self._engine_lock():
             for rid, keep in zip(request_ids, np.asarray(lengths, dtype=np.int64).tolist()):
                 pending = self._unverified.get(rid)
