@@ -511,6 +511,12 @@ class BudgetController:
         self._tail_params = {"ratio": 1.0, "tail_prior_weight": 0.0, "c_base_ms": 1.0, "c_tok_ms": 1.0, **shared}
         del self._tail_params["draft_margin"]  # as before: the tail kernel call ran without it (no accept columns)
         self._cut_params = {"ratio": 1.0, "c_tok_ms": cfg.c_tok_ms, **shared}
+        self._plan_params = {"tail_prior_weight": cfg.tail_prior_weight, "c_base_ms": cfg.c_base_ms,
+                             "c_tok_ms": cfg.c_tok_ms, "draft_row_ms": cfg.draft_row_us / 1000.0, **shared}
+        # The stratified draws are the same for every row: the kernels take them once ([4, 1, S]), not per row.
+        self._shared_draws = stratified_draws(1, cfg.num_samples)
+        self._no_f64, self._no_i64 = np.zeros(0), np.zeros(0, np.int64)
+        self._no_table = np.zeros((0, 1))
         self._budget_params = {"ratio": 1.0, "tail_prior_weight": cfg.tail_prior_weight, "c_base_ms": cfg.c_base_ms,
                                "c_tok_ms": cfg.c_tok_ms, **shared}
         self._inf = np.full(0, np.inf)            # [>= n] inf (uncapped rows), sliced; never written
@@ -572,6 +578,7 @@ class BudgetController:
         self._ones = np.ones(size)
         self._prior = np.full(size, cfg.gate_acceptance_prior)
         self._caps16 = np.full(size, 16, np.int64)
+        self._caps16_i32 = np.full(size, 16, np.int32)
         self._no_accept = np.zeros((size, 0))
         self._scratch_i32 = np.empty(size, np.int32)
         self._scratch_f64 = np.empty((2, size))
@@ -674,12 +681,6 @@ class BudgetController:
             return StepPlan(np.zeros(0, bool), np.zeros(0), keys, out_len, cap)
         if n > len(self._inf):
             self._grow(n)
-        if r is None:
-            tau_obs = self._ones[:n]
-        else:  # max(1, (out_len + 4) / (r + 4)), in place
-            tau_obs = out_len + _TAU_PSEUDO_ROUNDS
-            tau_obs /= r + _TAU_PSEUDO_ROUNDS
-            np.maximum(tau_obs, 1.0, out=tau_obs)
         replan = sl is None or n <= cfg.always_plan_rows or self._since_plan + 1 >= self._replan_interval \
             or n < (1.0 - cfg.replan_shrink) * self._rows_at_plan
         if sl is not None:
@@ -687,36 +688,51 @@ class BudgetController:
             # A request not seen at the last computation (slot epochs never exceed the current epoch).
             if not replan:
                 replan = top >= len(self._slot_epoch) or int(np.minimum.reduce(self._slot_epoch[sl])) < self._epoch
+            if replan and top >= len(self._slot_p):
+                size = max(top + 1, 2 * len(self._slot_p), 64)
+                self._slot_p = np.concatenate([self._slot_p, np.zeros(size - len(self._slot_p))])
+                self._slot_epoch = np.concatenate([self._slot_epoch, np.full(size - len(self._slot_epoch), -1, np.int64)])
+        kernel = self._kernels.get("controller_plan", _UNSET)
+        if kernel is _UNSET:
+            kernel = self._native_kernel("controller_plan")
+        if kernel is not None:
+            draft, weight, p, drafted, tails = self._plan_native(kernel, keys, out_len, r, mo, caps_arr, q, sl, replan,
+                                                                 cost)
+        else:
+            if replan:
+                if r is None:
+                    tau_obs = self._ones[:n]
+                else:  # max(1, (out_len + 4) / (r + 4)), in place
+                    tau_obs = out_len + _TAU_PSEUDO_ROUNDS
+                    tau_obs /= r + _TAU_PSEUDO_ROUNDS
+                    np.maximum(tau_obs, 1.0, out=tau_obs)
+                p = self._tail(keys, out_len, cap, tau_obs)
+                if sl is not None:
+                    self._slot_p[sl] = p
+                    self._slot_epoch[sl] = self._epoch + 1
+            else:
+                p = self._slot_p[sl]
+                tot = float(np.add.reduce(p))
+                if tot > 0:
+                    p /= tot
+                else:
+                    p = np.full(n, 1.0 / n)
+            w = cfg.tail_prior_weight
+            p = (1.0 - w) * p
+            p += w / n
+            weight = cost.c_base_ms * p
+            draft = gate_rows(weight, self._prior[:n] if q is None else q,
+                              self._caps16[:n] if caps_arr is None else caps_arr, cost.c_tok_ms,
+                              cfg.draft_row_us / 1000.0, cfg.draft_margin)
+            drafted = int(np.count_nonzero(draft))
+            tails = int(np.count_nonzero(p >= 0.5))
         if replan:
-            p = self._tail(keys, out_len, cap, tau_obs)
             self._counters["replans"] += 1
             self._since_plan = 0
             self._rows_at_plan = n
             self._epoch += 1
-            if sl is not None:
-                if top >= len(self._slot_p):
-                    size = max(top + 1, 2 * len(self._slot_p), 64)
-                    self._slot_p = np.concatenate([self._slot_p, np.zeros(size - len(self._slot_p))])
-                    self._slot_epoch = np.concatenate([self._slot_epoch,
-                                                       np.full(size - len(self._slot_epoch), -1, np.int64)])
-                self._slot_p[sl] = p
-                self._slot_epoch[sl] = self._epoch
         else:
             self._since_plan += 1
-            p = self._slot_p[sl]
-            tot = float(np.add.reduce(p))
-            if tot > 0:
-                p /= tot
-            else:
-                p = np.full(n, 1.0 / n)
-        w = cfg.tail_prior_weight
-        p = (1.0 - w) * p
-        p += w / n
-        weight = cost.c_base_ms * p
-        draft = gate_rows(weight, self._prior[:n] if q is None else q,
-                          self._caps16[:n] if caps_arr is None else caps_arr, cost.c_tok_ms,
-                          cfg.draft_row_us / 1000.0, cfg.draft_margin)
-        drafted = int(np.count_nonzero(draft))
         c = self._counters
         c["steps"] += 1
         c["rows"] += n
@@ -730,9 +746,41 @@ class BudgetController:
             if self._silent_replans > 1 and cfg.quiet_replan_max_steps > cfg.replan_steps:
                 self._replan_interval = min(2 * self._replan_interval, cfg.quiet_replan_max_steps)
         c["silent_steps"] += int(self._last_silent)
-        c["tail_rows"] += int(np.count_nonzero(p >= 0.5))
+        c["tail_rows"] += tails
         self.last_tail_prob = p
         return StepPlan(draft, weight, keys, out_len, cap, replan)
+
+    def _plan_native(self, kernel, keys: np.ndarray, out_len: np.ndarray, r: np.ndarray | None,
+                     mo: np.ndarray | None, caps: np.ndarray | None, q: np.ndarray | None, sl: np.ndarray | None,
+                     replan: bool, cost: CostModel) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
+        """:meth:`plan` after its replan decision in one native call (``controller_plan``: tail probabilities or the
+        stored ones renormalised, the shrink, weights and :func:`gate_rows`; same arithmetic as the numpy path, so
+        results agree up to the rounding of exp / log / pow). Returns ``(draft, weight, p, drafted, tail rows)``."""
+        n = len(keys)
+        if n > len(self._inf):
+            self._grow(n)
+        if caps is None:
+            caps = self._caps16_i32[:n]
+        elif caps.dtype != np.int32:
+            caps = np.clip(caps, -1, 2**31 - 1).astype(np.int32)
+        empty = self._no_f64
+        if replan:
+            table, _, pooled = self.lengths.gather(keys)
+            rem_mean = np.empty(n)
+        else:
+            table, pooled, rem_mean = self._no_table, empty, self._scratch_f64[0, :n]
+        params = self._plan_params
+        if self._online:
+            params["c_base_ms"], params["c_tok_ms"] = cost.c_base_ms, cost.c_tok_ms
+        draft, weight, p = np.empty(n, bool), np.empty(n), np.empty(n)
+        makespan, drafted, tails = kernel(
+            out_len, empty if r is None else r, empty if mo is None else mo, caps, self._prior[:n] if q is None else q,
+            replan, table, pooled, self._shared_draws, self._no_i64 if sl is None else sl, self._slot_p,
+            self._slot_epoch, self._epoch + 1, params, draft, weight, p, rem_mean)
+        if replan:
+            self.last_expected_remaining = rem_mean
+            self.last_expected_makespan = float(makespan)
+        return draft, weight, p, drafted, tails
 
     def quiet_step(self, slots: np.ndarray) -> bool:
         """Whether this engine step may skip :meth:`plan` and draft nothing, because nothing paid at the last plan
@@ -821,7 +869,7 @@ class BudgetController:
             # Fancy-indexed rows (generated, cap, weight) are new C-contiguous arrays already.
             kernel(np.ascontiguousarray(accept), table, pooled, plan.generated[idx],
                    self._inf[:m] if cap is None else np.ascontiguousarray(cap, dtype=np.float64),
-                   self._stratified(m), weight, params, capped, self._scratch_f64[0, :m], kept)
+                   self._shared_draws, weight, params, capped, self._scratch_f64[0, :m], kept)
         else:
             rem = remaining_samples(table, counts, pooled, plan.generated[idx], cap, self._stratified(m),
                                     cfg.num_samples, cfg.pooled_weight, cfg.length_jitter, cfg.extrapolation_fraction,

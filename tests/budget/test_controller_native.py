@@ -73,3 +73,72 @@ def test_bad_backend_and_bad_kernel_shapes_raise_clearly():
     with pytest.raises(ValueError, match=r"draws must be \[4, n, samples\]"):
         kernel(np.zeros((n, 4)), np.zeros((n, 2)), np.zeros(0), np.zeros(n), np.full(n, np.inf), np.ones(n),
                np.zeros((3, n, 8)), {}, *out)
+
+
+@pytest.mark.parametrize("c_tok", [0.005, 0.025, 0.1])
+def test_native_plan_equals_the_numpy_reference_over_steps(c_tok):
+    """plan() through ``controller_plan`` (tail probabilities, their storage per slot between recomputations, the
+    shrink, the weights and the gate in one call) against the numpy path, over a drifting batch: requests join and
+    leave, some steps recompute and others renormalise the stored probabilities."""
+    rng = np.random.default_rng(int(c_tok * 1000) + 7)
+    rows = same = replans = 0
+    for trial in range(6):
+        cfg = dict(c_tok_ms=c_tok, draft_row_us=float(rng.choice([0.0, 20.0])), replan_steps=4, always_plan_rows=4,
+                   tail_prior_weight=float(rng.choice([0.0, 0.25])), draft_margin=float(rng.choice([0.0, 0.5])))
+        ref, nat = _pair(trial, **cfg)
+        assert nat._native_kernel("controller_plan") is not None and ref._native_kernel("controller_plan") is None
+        problems = int(rng.integers(1, 12))
+        for key in range(problems):
+            lengths = rng.integers(5, 800, int(rng.integers(1, 20))).tolist()
+            ref.observe(key, lengths)
+            nat.observe(key, lengths)
+        live = {s: int(rng.integers(0, problems + 2)) for s in range(int(rng.integers(2, 80)))}
+        out = {s: int(rng.integers(0, 300)) for s in live}
+        for step in range(30):
+            if step % 7 == 6:  # some requests end, a new one joins
+                for s in list(live)[: max(1, len(live) // 10)]:
+                    del live[s]
+                new = max(live, default=-1) + 1
+                live[new], out[new] = int(rng.integers(0, problems + 2)), 0
+            if not live:
+                break
+            slots = np.array(sorted(live), np.int64)
+            keys = np.array([live[s] for s in slots], np.int64)
+            for s in slots:
+                out[s] += int(rng.integers(1, 4))
+            out_len = np.array([out[s] for s in slots], np.int32)
+            rounds = (out_len // 2).astype(np.int64)
+            caps = rng.integers(0, 17, len(slots)).astype(np.int32)
+            q = rng.random(len(slots)) * 0.95
+            max_out = None if trial % 3 == 0 else np.full(len(slots), 800, np.int64)
+            got = [c.plan(keys, out_len, rounds, max_out, caps, q, slots) for c in (ref, nat)]
+            assert got[0].replanned == got[1].replanned
+            replans += got[0].replanned
+            np.testing.assert_allclose(got[1].weight_ms, got[0].weight_ms, rtol=1e-9, atol=1e-12)
+            np.testing.assert_allclose(nat.last_tail_prob, ref.last_tail_prob, rtol=1e-9, atol=1e-12)
+            rows += len(slots)
+            same += int((got[0].draft == got[1].draft).sum())
+        np.testing.assert_allclose(nat.last_expected_remaining, ref.last_expected_remaining, rtol=1e-12)
+        assert nat.last_expected_makespan == pytest.approx(ref.last_expected_makespan, rel=1e-12)
+        for key in ("steps", "rows", "replans", "silent_steps"):
+            assert nat.stats()[key] == ref.stats()[key], key
+    assert 0 < replans < rows
+    # Only a near-tie of the gate's inequality may go the other way (pow's rounding); none did in development.
+    assert same >= 0.999 * rows, (same, rows)
+
+
+def test_plan_kernel_rejects_bad_slots_and_shapes():
+    kernel = native.load().controller_plan
+    n = 3
+    f64, i64 = np.zeros(0), np.zeros(0, np.int64)
+    args = lambda slots, slot_p, replan=False, caps=np.ones(n, np.int32): (  # noqa: E731
+        np.ones(n), f64, f64, caps, np.full(n, 0.5), replan, np.zeros((0, 1)), f64, np.full((4, 1, 8), 0.5), slots,
+        slot_p, np.zeros(len(slot_p), np.int64), 1, {}, np.empty(n, bool), np.empty(n), np.empty(n), np.empty(n))
+    with pytest.raises(ValueError, match=r"slot 5 outside \[0, 4\)"):
+        kernel(*args(np.array([0, 1, 5]), np.zeros(4)))
+    with pytest.raises(ValueError, match="without slots every step must replan"):
+        kernel(*args(i64, np.zeros(4)))
+    with pytest.raises(ValueError, match="caps must have 3 rows"):
+        kernel(*args(np.array([0, 1, 2]), np.zeros(4), caps=np.ones(2, np.int32)))
+    makespan, drafted, tails = kernel(*args(np.array([0, 1, 2]), np.array([0.2, 0.3, 0.5, 0.0])))
+    assert np.isnan(makespan) and tails == 0 and 0 <= drafted <= n

@@ -9,8 +9,8 @@ Conventions of every method:
 - Invalid input (wrong row counts, bad offsets, out-of-range configuration) raises ``ValueError`` with the values;
   an unknown or inactive slot raises ``KeyError``.
 - ``Drafter`` methods take the drafter's mutex (the ingest thread holds it while it ingests a deferred step); every
-  call that drafts, may wait for that thread or for history builds releases the GIL, as does
-  :func:`controller_budgets`.
+  call that drafts, may wait for that thread or for history builds releases the GIL, as do the controller kernels
+  (:func:`controller_budgets`, :func:`controller_cut`, :func:`controller_plan`).
 """
 
 from typing import Any
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["MAX_SPEC_TOKENS", "Drafter", "RequestBook", "controller_budgets", "controller_cut"]
+__all__ = ["MAX_SPEC_TOKENS", "Drafter", "RequestBook", "controller_budgets", "controller_cut", "controller_plan"]
 
 _B = npt.NDArray[np.bool_]
 _I8 = npt.NDArray[np.int8]
@@ -252,7 +252,8 @@ def controller_budgets(accept: _F64, table: _F64, pooled: _F64, generated: _F64,
         generated: ``float64[n]`` tokens generated so far.
         cap: ``float64[n]`` most tokens still allowed (``+inf``: none).
         tau_obs: ``float64[n]`` observed tokens per round.
-        draws: ``float64[4, n, s]`` uniforms in [0, 1) (index, mixture, tail, jitter).
+        draws: ``float64[4, n, s]`` uniforms in [0, 1) (index, mixture, tail, jitter), or ``[4, 1, s]``: the same
+            draws for every row (the stratified ones).
         params: ``ratio``, ``tail_prior_weight``, ``c_base_ms``, ``c_tok_ms``, ``draft_margin``, ``pooled_weight``,
             ``length_jitter``, ``extrapolation_fraction``, ``min_remaining``, ``bins`` (missing: defaults).
         lengths: out, ``int32[n]`` kept draft tokens.
@@ -265,8 +266,8 @@ def controller_budgets(accept: _F64, table: _F64, pooled: _F64, generated: _F64,
         The expected makespan in rounds.
 
     Raises:
-        ValueError: a row count differs from ``n``, ``draws`` is not ``[4, n, s]``, an empty table or sample axis,
-            or ``bins < 1``.
+        ValueError: a row count differs from ``n``, ``draws`` is not ``[4, n, s]`` or ``[4, 1, s]``, an empty table or
+            sample axis, or ``bins < 1``.
     """
 
 def controller_cut(accept: _F64, table: _F64, pooled: _F64, generated: _F64, cap: _F64, draws: _F64, weight: _F64,
@@ -286,5 +287,41 @@ def controller_cut(accept: _F64, table: _F64, pooled: _F64, generated: _F64, cap
         expected_kept: out, ``float64[n]`` sum of acceptance x survival over the kept positions.
 
     Raises:
-        ValueError: a row count differs from ``n``, ``draws`` is not ``[4, n, s]``, an empty table or sample axis.
+        ValueError: a row count differs from ``n``, ``draws`` is not ``[4, n, s]`` or ``[4, 1, s]``, an empty table or
+            sample axis.
+    """
+
+
+def controller_plan(out_len: _F64, rounds: _F64, max_output: _F64, caps: _I32, q: _F64, replan: bool, table: _F64,
+                    pooled: _F64, draws: _F64, slots: _I64, slot_p: _F64, slot_epoch: _I64, epoch: int,
+                    params: dict[str, Any], draft: _B, weight: _F64, p: _F64, rem_mean: _F64) -> tuple[float, int, int]:
+    """``BudgetController.plan`` after its replan decision, in one call: the tail probabilities (recomputed with
+    ``replan``, else each request's stored one renormalised over the batch), the prior shrink, each row's weight
+    ``c_base * P_i`` and the gate (``gate_rows``: rows whose predicted acceptance can pay for their verification and
+    for ``draft_row_ms`` of proposer CPU). GIL released.
+
+    Args:
+        out_len: ``float64[n]`` tokens generated so far.
+        rounds: ``float64[n]`` verification rounds so far (``[0]``: 1 token per round).
+        max_output: ``float64[n]`` each request's max tokens (``[0]``: no cap).
+        caps: ``int32[n]`` hard draft caps (0: never drafted).
+        q: ``float64[n]`` predicted per-token acceptance.
+        replan: recompute the tail probabilities (``table`` / ``pooled`` / ``draws`` as :func:`controller_budgets`
+            are read only then).
+        slots: ``int64[n]`` each request's slot in ``slot_p`` / ``slot_epoch`` (``[0]``: none; then ``replan`` is
+            required).
+        slot_p / slot_epoch: in/out, ``float64[S]`` / ``int64[S]`` each slot's stored probability and the epoch it was
+            computed in (written with ``replan``, as ``epoch``).
+        params: as :func:`controller_budgets` plus ``draft_row_ms`` (missing: defaults).
+        draft: out, ``bool[n]`` rows to draft.
+        weight: out, ``float64[n]`` ``c_base * P_i`` (ms).
+        p: out, ``float64[n]`` probability of finishing last (shrunk).
+        rem_mean: out, ``float64[n]`` mean sampled remaining tokens (written only with ``replan``).
+
+    Returns:
+        ``(expected makespan in rounds or nan without replan, rows drafted, rows with P >= 0.5)``.
+
+    Raises:
+        ValueError: a row count differs from ``n``, a slot outside ``slot_p``, ``slot_p`` and ``slot_epoch`` of
+            different lengths, no slots without ``replan``, or (with ``replan``) bad ``table`` / ``draws``.
     """

@@ -93,13 +93,15 @@ das::ControllerParams controller_params(const nb::dict& params) {
   prm.extrapolation_fraction = get<double>(params, "extrapolation_fraction", prm.extrapolation_fraction);
   prm.min_remaining = get<double>(params, "min_remaining", prm.min_remaining);
   prm.bins = get<int>(params, "bins", prm.bins);
+  prm.draft_row_ms = get<double>(params, "draft_row_ms", prm.draft_row_ms);
   if (prm.bins < 1) throw das::InputError("bins must be >= 1");
   return prm;
 }
 
-// Shape checks shared by the controller kernels: draws [4, n, s >= 1], a table with at least one column.
-void check_samples(size_t n, size_t table_cols, size_t draw_kinds, size_t samples) {
-  if (draw_kinds != 4) throw das::InputError("draws must be [4, n, samples]");
+// Shape checks shared by the controller kernels: draws [4, n or 1, s >= 1], a table with at least one column.
+void check_samples(size_t n, size_t table_cols, size_t draw_kinds, size_t draw_rows, size_t samples) {
+  if (draw_kinds != 4 || (draw_rows != n && draw_rows != 1))
+    throw das::InputError("draws must be [4, n, samples] or [4, 1, samples] (the same draws for every row)");
   if (n && table_cols == 0) throw das::InputError("table needs at least one column");
   if (samples == 0) throw das::InputError("draws needs at least one sample");
 }
@@ -322,18 +324,18 @@ NB_MODULE(_das_native, m) {
         const size_t n = accept.shape(0);
         for (auto [name, got] : {std::pair<const char*, size_t>{"table", table.shape(0)},
                                  {"generated", generated.shape(0)}, {"cap", cap.shape(0)},
-                                 {"tau_obs", tau_obs.shape(0)}, {"draws", draws.shape(1)},
+                                 {"tau_obs", tau_obs.shape(0)},
                                  {"lengths", lengths.shape(0)}, {"value", value.shape(0)}, {"p", p.shape(0)},
                                  {"expected_kept", expected_kept.shape(0)}, {"rem_mean", rem_mean.shape(0)}})
           need_rows(name, got, n);
-        check_samples(n, table.shape(1), draws.shape(0), draws.shape(2));
+        check_samples(n, table.shape(1), draws.shape(0), draws.shape(1), draws.shape(2));
         const das::ControllerParams prm = controller_params(params);
         nb::gil_scoped_release nogil;
         return das::controller_budgets(
             static_cast<int64_t>(n), static_cast<int64_t>(accept.shape(1)), accept.data(),
             static_cast<int64_t>(table.shape(1)), table.data(), static_cast<int64_t>(pooled.shape(0)), pooled.data(),
-            generated.data(), cap.data(), tau_obs.data(), static_cast<int64_t>(draws.shape(2)), draws.data(), prm,
-            lengths.data(), value.data(), p.data(), expected_kept.data(), rem_mean.data());
+            generated.data(), cap.data(), tau_obs.data(), static_cast<int64_t>(draws.shape(2)), draws.data(),
+            static_cast<int64_t>(draws.shape(1)), prm, lengths.data(), value.data(), p.data(), expected_kept.data(), rem_mean.data());
       },
       "accept"_a, "table"_a, "pooled"_a, "generated"_a, "cap"_a, "tau_obs"_a, "draws"_a, "params"_a, "lengths"_a,
       "value"_a, "p"_a, "expected_kept"_a, "rem_mean"_a,
@@ -350,22 +352,72 @@ NB_MODULE(_das_native, m) {
         const size_t n = accept.shape(0);
         for (auto [name, got] : {std::pair<const char*, size_t>{"table", table.shape(0)},
                                  {"generated", generated.shape(0)}, {"cap", cap.shape(0)},
-                                 {"draws", draws.shape(1)}, {"weight", weight.shape(0)},
+                                 {"weight", weight.shape(0)},
                                  {"lengths", lengths.shape(0)}, {"value", value.shape(0)},
                                  {"expected_kept", expected_kept.shape(0)}})
           need_rows(name, got, n);
-        check_samples(n, table.shape(1), draws.shape(0), draws.shape(2));
+        check_samples(n, table.shape(1), draws.shape(0), draws.shape(1), draws.shape(2));
         const das::ControllerParams prm = controller_params(params);
         nb::gil_scoped_release nogil;
         das::controller_cut(static_cast<int64_t>(n), static_cast<int64_t>(accept.shape(1)), accept.data(),
                             static_cast<int64_t>(table.shape(1)), table.data(), static_cast<int64_t>(pooled.shape(0)),
                             pooled.data(), generated.data(), cap.data(), static_cast<int64_t>(draws.shape(2)),
-                            draws.data(), weight.data(), prm, lengths.data(), value.data(), expected_kept.data());
+                            draws.data(), static_cast<int64_t>(draws.shape(1)), weight.data(), prm, lengths.data(),
+                            value.data(), expected_kept.data());
       },
       "accept"_a, "table"_a, "pooled"_a, "generated"_a, "cap"_a, "draws"_a, "weight"_a, "params"_a, "lengths"_a,
       "value"_a, "expected_kept"_a,
       "The cut of a planned step for the drafted rows (das_trl/budget/controller.py, BudgetController.cut): kept "
       "draft tokens per row given each row's weight c_base * P_i; see src/controller.h.");
+
+  m.def(
+      "controller_plan",
+      [](In1<double> out_len, In1<double> rounds, In1<double> max_output, In1<int32_t> caps, In1<double> q,
+         bool replan, nb::ndarray<const double, nb::ndim<2>, nb::c_contig, nb::device::cpu> table, In1<double> pooled,
+         nb::ndarray<const double, nb::ndim<3>, nb::c_contig, nb::device::cpu> draws, In1<int64_t> slots,
+         Out1<double> slot_p, Out1<int64_t> slot_epoch, int64_t epoch, const nb::dict& params, Out1<bool> draft,
+         Out1<double> weight, Out1<double> p, Out1<double> rem_mean) {
+        const size_t n = out_len.shape(0);
+        for (auto [name, got] : {std::pair<const char*, size_t>{"caps", caps.shape(0)}, {"q", q.shape(0)},
+                                 {"draft", draft.shape(0)}, {"weight", weight.shape(0)}, {"p", p.shape(0)},
+                                 {"rem_mean", rem_mean.shape(0)}})
+          need_rows(name, got, n);
+        // rounds / max_output / slots: n rows, or none (0 rows)
+        for (auto [name, got] : {std::pair<const char*, size_t>{"rounds", rounds.shape(0)},
+                                 {"max_output", max_output.shape(0)}, {"slots", slots.shape(0)}})
+          if (got) need_rows(name, got, n);
+        const bool has_slots = slots.shape(0) > 0;
+        if (n && !has_slots && !replan) throw das::InputError("controller_plan: without slots every step must replan");
+        if (slot_epoch.shape(0) != slot_p.shape(0))
+          throw das::InputError("controller_plan: slot_p and slot_epoch must have the same length");
+        const int64_t n_slots = static_cast<int64_t>(slot_p.shape(0));
+        for (size_t i = 0; i < slots.shape(0); ++i)
+          if (slots.data()[i] < 0 || slots.data()[i] >= n_slots)
+            throw das::InputError("controller_plan: slot " + std::to_string(slots.data()[i]) + " outside [0, " +
+                                  std::to_string(n_slots) + ")");
+        if (replan) {
+          need_rows("table", table.shape(0), n);
+          check_samples(n, table.shape(1), draws.shape(0), draws.shape(1), draws.shape(2));
+        }
+        const das::ControllerParams prm = controller_params(params);
+        das::PlanResult r;
+        {
+          nb::gil_scoped_release nogil;
+          r = das::controller_plan(
+              static_cast<int64_t>(n), out_len.data(), rounds.shape(0) ? rounds.data() : nullptr,
+              max_output.shape(0) ? max_output.data() : nullptr, caps.data(), q.data(), replan,
+              static_cast<int64_t>(table.shape(1)), table.data(), static_cast<int64_t>(pooled.shape(0)),
+              pooled.data(), static_cast<int64_t>(draws.shape(2)), draws.data(), static_cast<int64_t>(draws.shape(1)),
+              has_slots ? slots.data() : nullptr, slot_p.data(), slot_epoch.data(), epoch, prm,
+              reinterpret_cast<uint8_t*>(draft.data()), weight.data(), p.data(), rem_mean.data());
+        }
+        return nb::make_tuple(r.makespan, r.drafted, r.tail_rows);
+      },
+      "out_len"_a, "rounds"_a, "max_output"_a, "caps"_a, "q"_a, "replan"_a, "table"_a, "pooled"_a, "draws"_a,
+      "slots"_a, "slot_p"_a, "slot_epoch"_a, "epoch"_a, "params"_a, "draft"_a, "weight"_a, "p"_a, "rem_mean"_a,
+      "BudgetController.plan after its replan decision (das_trl/budget/controller.py): tail probabilities (recomputed "
+      "or renormalised from slot_p), the prior shrink, weights and the gate, in one call; see src/controller.h. "
+      "Returns (expected makespan in rounds or nan, rows drafted, rows with P >= 0.5).");
 
   nb::class_<das::RequestBook>(m, "RequestBook",
                                "Per-request records and the step bookkeeping of das_trl/vllm/speculator.py "

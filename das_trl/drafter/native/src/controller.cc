@@ -6,18 +6,22 @@
 #include <cstring>
 #include <vector>
 
+#include "common.h"
+
 namespace das {
 
 namespace {
 
 // remaining_samples: per row, s remaining lengths conditional on exceeding the tokens generated so far.
 void sample_remaining(int64_t n, int64_t w, const double* table, int64_t m, const double* pooled,
-                      const double* generated, const double* cap, int64_t s, const double* draws,
+                      const double* generated, const double* cap, int64_t s, const double* draws, int64_t draw_rows,
                       const ControllerParams& prm, double* rem, double* rem_mean) {
+  // draws [4, draw_rows, s]: draw_rows == 1 gives every row the same draws (the stratified ones), no [4, n, s] copy.
+  const int64_t rs = draw_rows == 1 ? 0 : s;
   const double* du = draws;
-  const double* dv = draws + n * s;
-  const double* de = draws + 2 * n * s;
-  const double* dj = draws + 3 * n * s;
+  const double* dv = draws + draw_rows * s;
+  const double* de = draws + 2 * draw_rows * s;
+  const double* dj = draws + 3 * draw_rows * s;
   const double jit = prm.jitter * std::sqrt(3.0);
   // The jitter factors exp(jit (2 u - 1)) of a row, recomputed only when its draws differ from the previous row's
   // (stratified draws are the same for every row: one exp per sample instead of one per row and sample).
@@ -28,13 +32,13 @@ void sample_remaining(int64_t n, int64_t w, const double* table, int64_t m, cons
   const double* tail_of = nullptr;
   for (int64_t i = 0; i < n; ++i) {
     if (prm.jitter > 0) {
-      const double* dji = dj + i * s;
+      const double* dji = dj + i * rs;
       if (!jf_of || std::memcmp(jf_of, dji, row_bytes) != 0) {
         for (int64_t t = 0; t < s; ++t) jf[t] = std::exp(jit * (2.0 * dji[t] - 1.0));
         jf_of = dji;
       }
     }
-    const double* dei = de + i * s;
+    const double* dei = de + i * rs;
     if (!tail_of || std::memcmp(tail_of, dei, row_bytes) != 0) {
       for (int64_t t = 0; t < s; ++t) tail[t] = std::log1p(-dei[t]);
       tail_of = dei;
@@ -50,8 +54,8 @@ void sample_remaining(int64_t n, int64_t w, const double* table, int64_t m, cons
     const double cap_i = std::max(cap[i], 1.0);
     double sum = 0.0;
     for (int64_t t = 0; t < s; ++t) {
-      const int64_t at = i * s + t;
-      const double u = du[at];
+      const int64_t at = i * s + t, dat = i * rs + t;
+      const double u = du[dat];
       int64_t oi = w - above + static_cast<int64_t>(u * static_cast<double>(above));
       const double own = row[std::clamp<int64_t>(oi, 0, w - 1)];
       double pool = 0.0;
@@ -59,7 +63,7 @@ void sample_remaining(int64_t n, int64_t w, const double* table, int64_t m, cons
         int64_t pi = m - above_pool + static_cast<int64_t>(u * static_cast<double>(above_pool));
         pool = pooled[std::clamp<int64_t>(pi, 0, m - 1)];
       }
-      const bool use_pool = (dv[at] < p_pool) || (above == 0 && above_pool > 0);
+      const bool use_pool = (dv[dat] < p_pool) || (above == 0 && above_pool > 0);
       double total = use_pool ? pool : (above > 0 ? own : g);
       if (!(total > g)) total = g - scale * tail[t];  // exponential tail past every observed length
       double r = total - g;
@@ -104,17 +108,9 @@ void cut_row(int64_t i, int64_t k, int64_t s, const double* accept, const double
   expected_kept[i] = kept_best;
 }
 
-}  // namespace
-
-double controller_budgets(int64_t n, int64_t k, const double* accept, int64_t w, const double* table, int64_t m,
-                          const double* pooled, const double* generated, const double* cap, const double* tau_obs,
-                          int64_t s, const double* draws, const ControllerParams& prm, int32_t* lengths,
-                          double* value, double* p, double* expected_kept, double* rem_mean) {
-  if (n <= 0) return 0.0;
-  std::vector<double> rem(static_cast<size_t>(n * s));
-  sample_remaining(n, w, table, m, pooled, generated, cap, s, draws, prm, rem.data(), rem_mean);
-  // tail_probability on rounds = rem / tau_obs: per-row histograms over log-spaced bins.
-  const int bins = prm.bins;
+// tail_probability: p [n] (normalised, before the prior shrink) from sampled remaining lengths rem [n, s] divided by
+// tau_obs [n] (rounds): per-row histograms over `bins` log-spaced bins. Returns the expected makespan in rounds.
+double tail_from_samples(int64_t n, int64_t s, const double* rem, const double* tau_obs, int bins, double* p) {
   double makespan = 0.0;
   std::vector<double> x(static_cast<size_t>(n * s));
   double top = 0.0;
@@ -189,6 +185,19 @@ double controller_budgets(int64_t n, int64_t k, const double* accept, int64_t w,
     }
     for (int64_t i = 0; i < n; ++i) p[i] = tot > 0 ? p[i] / tot : 1.0 / static_cast<double>(n);
   }
+  return makespan;
+}
+
+}  // namespace
+
+double controller_budgets(int64_t n, int64_t k, const double* accept, int64_t w, const double* table, int64_t m,
+                          const double* pooled, const double* generated, const double* cap, const double* tau_obs,
+                          int64_t s, const double* draws, int64_t draw_rows, const ControllerParams& prm,
+                          int32_t* lengths, double* value, double* p, double* expected_kept, double* rem_mean) {
+  if (n <= 0) return 0.0;
+  std::vector<double> rem(static_cast<size_t>(n * s));
+  sample_remaining(n, w, table, m, pooled, generated, cap, s, draws, draw_rows, prm, rem.data(), rem_mean);
+  const double makespan = tail_from_samples(n, s, rem.data(), tau_obs, prm.bins, p);
   const double tw = prm.tail_prior_weight;
   for (int64_t i = 0; i < n; ++i) p[i] = (1.0 - tw) * p[i] + tw / static_cast<double>(n);
   std::vector<int32_t> hist(static_cast<size_t>(k + 2));
@@ -199,14 +208,66 @@ double controller_budgets(int64_t n, int64_t k, const double* accept, int64_t w,
 
 void controller_cut(int64_t m_rows, int64_t k, const double* accept, int64_t w, const double* table, int64_t m,
                     const double* pooled, const double* generated, const double* cap, int64_t s, const double* draws,
-                    const double* weight, const ControllerParams& prm, int32_t* lengths, double* value,
-                    double* expected_kept) {
+                    int64_t draw_rows, const double* weight, const ControllerParams& prm, int32_t* lengths,
+                    double* value, double* expected_kept) {
   if (m_rows <= 0) return;
   std::vector<double> rem(static_cast<size_t>(m_rows * s));
-  sample_remaining(m_rows, w, table, m, pooled, generated, cap, s, draws, prm, rem.data(), nullptr);
+  sample_remaining(m_rows, w, table, m, pooled, generated, cap, s, draws, draw_rows, prm, rem.data(), nullptr);
   std::vector<int32_t> hist(static_cast<size_t>(k + 2));
   for (int64_t i = 0; i < m_rows; ++i)
     cut_row(i, k, s, accept, rem.data(), weight[i], prm, hist, lengths, value, expected_kept);
+}
+
+PlanResult controller_plan(int64_t n, const double* out_len, const double* rounds, const double* max_output,
+                           const int32_t* caps, const double* q, bool replan, int64_t w, const double* table,
+                           int64_t m, const double* pooled, int64_t s, const double* draws, int64_t draw_rows,
+                           const int64_t* slots, double* slot_p, int64_t* slot_epoch, int64_t epoch,
+                           const ControllerParams& prm, uint8_t* draft, double* weight, double* p,
+                           double* rem_mean) {
+  PlanResult res{std::nan(""), 0, 0};
+  if (n <= 0) return res;
+  if (replan) {
+    // tau_obs = max(1, (out_len + 4) / (rounds + 4)): each row's observed tokens per round (plan()).
+    std::vector<double> tau(static_cast<size_t>(n), 1.0), cap(static_cast<size_t>(n), HUGE_VAL);
+    for (int64_t i = 0; i < n; ++i) {
+      if (rounds) tau[i] = std::max((out_len[i] + kTauPseudoRounds) / (rounds[i] + kTauPseudoRounds), 1.0);
+      if (max_output) cap[i] = max_output[i] - out_len[i];
+    }
+    std::vector<double> rem(static_cast<size_t>(n * s));
+    sample_remaining(n, w, table, m, pooled, out_len, cap.data(), s, draws, draw_rows, prm, rem.data(), rem_mean);
+    res.makespan = tail_from_samples(n, s, rem.data(), tau.data(), prm.bins, p);
+    if (slots)
+      for (int64_t i = 0; i < n; ++i) {
+        slot_p[slots[i]] = p[i];
+        slot_epoch[slots[i]] = epoch;
+      }
+  } else {  // each request's probability at the last computation, renormalised over the rows still running
+    for (int64_t i = 0; i < n; ++i) p[i] = slot_p[slots[i]];
+    const double tot = pairwise_sum(p, n);  // np.add.reduce's order: the same sum as the reference
+    for (int64_t i = 0; i < n; ++i) p[i] = tot > 0 ? p[i] / tot : 1.0 / static_cast<double>(n);
+  }
+  // The prior shrink, the weights and gate_rows: the cheap bound first (S_d < q / (1 - q), cost smallest at d = 1),
+  // then the first d <= caps[i] whose saving pays for its verification and the row's proposer CPU.
+  const double tw = prm.tail_prior_weight, unit = prm.c_tok_ms * (1.0 + prm.draft_margin);
+  const double bound = unit + prm.draft_row_ms;
+  for (int64_t i = 0; i < n; ++i) {
+    p[i] = (1.0 - tw) * p[i];
+    p[i] += tw / static_cast<double>(n);
+    res.tail_rows += p[i] >= 0.5;
+    weight[i] = prm.c_base_ms * p[i];
+    const double qi = std::min(std::max(q[i], 0.0), 0.999), value = weight[i] + prm.c_tok_ms;
+    bool ok = false;
+    if (caps[i] > 0 && value * qi / (1.0 - qi) > bound) {
+      double sd = 0.0;
+      for (int32_t d = 1; d <= caps[i] && !ok; ++d) {
+        sd += std::pow(qi, static_cast<double>(d));
+        ok = value * sd > unit * static_cast<double>(d) + prm.draft_row_ms;
+      }
+    }
+    draft[i] = ok;
+    res.drafted += ok;
+  }
+  return res;
 }
 
 }  // namespace das

@@ -20,24 +20,49 @@ struct ControllerParams {
   double extrapolation_fraction = 0.25;
   double min_remaining = 16.0;
   int bins = 64;
+  double draft_row_ms = 0.0;     // the proposer's CPU per drafted row (ControllerConfig.draft_row_us / 1000)
+};
+
+// Pseudo-rounds at 1 token per round in a row's observed tokens per round (controller.py _TAU_PSEUDO_ROUNDS).
+constexpr double kTauPseudoRounds = 4.0;
+
+struct PlanResult {
+  double makespan;    // expected makespan in rounds (NaN when the tail probabilities were not recomputed)
+  int64_t drafted;    // rows the gate drafts
+  int64_t tail_rows;  // rows with P >= 0.5
 };
 
 // Shapes: accept [n, k], table [n, w] (each row's lengths ascending, padding below any length first), pooled [m]
-// ascending, generated / cap / tau_obs [n] (cap: most tokens still allowed, +inf for none), draws [4, n, s] uniforms
-// in [0, 1) (index, mixture, tail, jitter). Outputs [n]: lengths (kept draft tokens), value (ms per token of progress
+// ascending, generated / cap / tau_obs [n] (cap: most tokens still allowed, +inf for none), draws [4, draw_rows, s]
+// uniforms in [0, 1) (index, mixture, tail, jitter; draw_rows is n, or 1 when every row takes the same draws). Outputs [n]: lengths (kept draft tokens), value (ms per token of progress
 // at that length), p (probability of finishing last, shrunk), expected_kept (sum of accept * survival over the kept
 // positions), rem_mean (mean sampled remaining tokens). Returns the expected makespan in rounds.
 double controller_budgets(int64_t n, int64_t k, const double* accept, int64_t w, const double* table, int64_t m,
                           const double* pooled, const double* generated, const double* cap, const double* tau_obs,
-                          int64_t s, const double* draws, const ControllerParams& prm, int32_t* lengths,
-                          double* value, double* p, double* expected_kept, double* rem_mean);
+                          int64_t s, const double* draws, int64_t draw_rows, const ControllerParams& prm,
+                          int32_t* lengths, double* value, double* p, double* expected_kept, double* rem_mean);
 
 // The cut of a planned step (das_trl/budget/controller.py, BudgetController.cut): for the m drafted rows only, with
 // each row's weight (c_base * P_i, from the plan over the whole batch) given instead of computed. Same shapes as
 // controller_budgets for the m rows (draws [4, m, s]); outputs lengths, value and expected_kept [m].
 void controller_cut(int64_t m_rows, int64_t k, const double* accept, int64_t w, const double* table, int64_t m,
                     const double* pooled, const double* generated, const double* cap, int64_t s, const double* draws,
-                    const double* weight, const ControllerParams& prm, int32_t* lengths, double* value,
-                    double* expected_kept);
+                    int64_t draw_rows, const double* weight, const ControllerParams& prm, int32_t* lengths,
+                    double* value, double* expected_kept);
+
+// BudgetController.plan after its replan decision (das_trl/budget/controller.py), in one pass: with `replan`, the
+// tail probabilities from the rows' sampled remaining lengths (table / pooled / draws as above; rounds [n] gives
+// tau_obs, null: 1 token per round; max_output [n] caps the remaining length, null: no cap), stored per request in
+// slot_p / slot_epoch (at slots[i], with `epoch`; slots null: not stored); without it, each row's stored probability
+// renormalised over the batch (slots required). Then the prior shrink, weight = c_base * P and gate_rows (q [n]
+// predicted per-token acceptance, caps [n] hard draft caps, prm.draft_row_ms). Outputs [n]: draft (0/1), weight
+// (ms), p (shrunk), rem_mean (mean sampled remaining tokens; written only with `replan`). The caller checks shapes
+// and that every slot indexes slot_p / slot_epoch.
+PlanResult controller_plan(int64_t n, const double* out_len, const double* rounds, const double* max_output,
+                           const int32_t* caps, const double* q, bool replan, int64_t w, const double* table,
+                           int64_t m, const double* pooled, int64_t s, const double* draws, int64_t draw_rows,
+                           const int64_t* slots, double* slot_p, int64_t* slot_epoch, int64_t epoch,
+                           const ControllerParams& prm, uint8_t* draft, double* weight, double* p,
+                           double* rem_mean);
 
 }  // namespace das
