@@ -846,46 +846,53 @@ class BudgetController:
         if m == 0:
             self.last_expected_kept = np.zeros(0)
             return np.zeros(0, np.int32)
-        if k and (np.minimum.reduce(accept, axis=None) < 0.0 or np.maximum.reduce(accept, axis=None) > 1.0):
-            raise ValueError(f"BudgetController.cut: accept must lie in [0, 1], got range [{accept.min()}, "
-                             f"{accept.max()}]; pass DraftBatch.accept")
         cfg = self.config
         cost = self.cost if self._online else self._config_cost
-        table, counts, pooled = self.lengths.gather(plan.problem_keys[idx])  # float64, C-contiguous
-        cap = None if plan.max_remaining is None else plan.max_remaining[idx]
-        weight = plan.weight_ms[idx]
         ratio = self.acceptance_ratio
         kernel = self._kernels.get("controller_cut", _UNSET)
         if kernel is _UNSET:
             kernel = self._native_kernel("controller_cut")
+        c = self._counters
         if kernel is not None:
-            if m > len(self._inf):
-                self._grow(m)
+            # One call: the rows' inputs indexed, the range check of accept (NaN included), survival, the argmin and
+            # the step's counters.
+            table, _, pooled = self.lengths.gather(plan.problem_keys[idx])  # float64, C-contiguous
             capped, kept = np.empty(m, np.int32), np.empty(m)
-            lengths = capped
             params = self._cut_params
             params["ratio"] = ratio
             params["c_tok_ms"] = cost.c_tok_ms
-            # Fancy-indexed rows (generated, cap, weight) are new C-contiguous arrays already.
-            kernel(np.ascontiguousarray(accept), table, pooled, plan.generated[idx],
-                   self._inf[:m] if cap is None else np.ascontiguousarray(cap, dtype=np.float64),
-                   self._shared_draws, weight, params, capped, self._scratch_f64[0, :m], kept)
-        else:
-            rem = remaining_samples(table, counts, pooled, plan.generated[idx], cap, self._stratified(m),
-                                    cfg.num_samples, cfg.pooled_weight, cfg.length_jitter, cfg.extrapolation_fraction,
-                                    cfg.min_remaining)
-            survival_k = survival(rem, k)
-            useful = np.minimum(accept * survival_k * ratio, 1.0)
-            lengths, value = optimal_draft_lengths(useful, weight, cost.c_tok_ms, cfg.draft_margin)
-            capped = apply_step_cap(useful, lengths, value, cost.c_tok_ms, cfg.step_token_cap)
-            kept = np.where(np.arange(k)[None, :] < capped[:, None], accept * survival_k, 0.0).sum(axis=1)
+            if m > len(self._inf):
+                self._grow(m)
+            kept_tokens, drafting, offered, expected = kernel(
+                np.ascontiguousarray(accept), table, pooled, idx, plan.generated,
+                self._no_f64 if plan.max_remaining is None else plan.max_remaining, self._shared_draws,
+                plan.weight_ms, params, capped, self._scratch_f64[0, :m], kept)
+            c["rows_drafting"] += drafting
+            c["offered_tokens"] += offered
+            c["kept_tokens"] += kept_tokens
+            c["expected_accepted"] += expected
+            self.last_expected_kept = kept
+            return capped
+        if k and not (np.minimum.reduce(accept, axis=None) >= 0.0 and np.maximum.reduce(accept, axis=None) <= 1.0):
+            raise ValueError(f"BudgetController.cut: accept must lie in [0, 1], got range [{accept.min()}, "
+                             f"{accept.max()}]; pass DraftBatch.accept")
+        table, counts, pooled = self.lengths.gather(plan.problem_keys[idx])  # float64, C-contiguous
+        cap = None if plan.max_remaining is None else plan.max_remaining[idx]
+        weight = plan.weight_ms[idx]
+        rem = remaining_samples(table, counts, pooled, plan.generated[idx], cap, self._stratified(m),
+                                cfg.num_samples, cfg.pooled_weight, cfg.length_jitter, cfg.extrapolation_fraction,
+                                cfg.min_remaining)
+        survival_k = survival(rem, k)
+        useful = np.minimum(accept * survival_k * ratio, 1.0)
+        lengths, value = optimal_draft_lengths(useful, weight, cost.c_tok_ms, cfg.draft_margin)
+        capped = apply_step_cap(useful, lengths, value, cost.c_tok_ms, cfg.step_token_cap)
+        kept = np.where(np.arange(k)[None, :] < capped[:, None], accept * survival_k, 0.0).sum(axis=1)
         kept_tokens = int(np.add.reduce(capped))
-        c = self._counters
         c["rows_drafting"] += int(np.count_nonzero(capped))  # kept lengths are >= 0
         c["offered_tokens"] += int(np.count_nonzero(accept > 0))
         c["kept_tokens"] += kept_tokens
         c["expected_accepted"] += float(np.add.reduce(kept))
-        c["capped_steps"] += int(lengths is not capped and kept_tokens < int(np.add.reduce(lengths)))
+        c["capped_steps"] += int(kept_tokens < int(np.add.reduce(lengths)))
         self.last_expected_kept = kept
         return capped
 

@@ -55,10 +55,16 @@ def test_native_cut_equals_numpy():
             plan = ctl.plan(keys, out_len, rounds, out_len + 200)
             rows = np.flatnonzero(plan.draft)
             results.append((plan.draft.copy(), plan.weight_ms.copy(), ctl.cut(plan, acc[rows], rows),
-                            ctl.last_expected_kept.copy()))
-        (d1, w1, c1, k1), (d2, w2, c2, k2) = results
+                            ctl.last_expected_kept.copy(), ctl.stats()))
+        (d1, w1, c1, k1, s1), (d2, w2, c2, k2, s2) = results
         assert (d1 == d2).all() and np.allclose(w1, w2)
         assert np.mean(c1 == c2) > 0.95 and np.allclose(k1[c1 == c2], k2[c1 == c2])
+        # the kernel's counters (offered / kept tokens, drafting rows, expected accepted) are the numpy path's
+        assert s1["offered_tokens"] == s2["offered_tokens"] == int((acc[np.flatnonzero(d1)] > 0).sum())
+        if (c1 == c2).all():
+            for key in ("kept_tokens", "rows_drafting"):
+                assert s1[key] == s2[key] == (int(c1.sum()) if key == "kept_tokens" else int((c1 > 0).sum()))
+            assert s1["expected_accepted"] == pytest.approx(s2["expected_accepted"], rel=1e-9)
 
 
 def test_plans_are_deterministic_and_reused_between_recomputations():
@@ -87,6 +93,21 @@ def test_cut_keeps_no_more_than_the_draft_and_validates():
         ctl.cut(plan, acc[:3])
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         ctl.cut(plan, acc * 2)
+
+
+@pytest.mark.parametrize("backend", ["native", "python"])
+def test_cut_rejects_nan_estimates_and_counts_nothing(backend):
+    if backend == "native" and not native.available():
+        pytest.skip("needs the native core (built by the setup script)")
+    keys, out_len, rounds, acc = _batch(8)
+    ctl = _controller(backend=backend)
+    plan = ctl.plan(keys, out_len, rounds)
+    before = ctl.stats()
+    acc[3, 2] = np.nan
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        ctl.cut(plan, acc)
+    after = ctl.stats()
+    assert all(after[k] == before[k] for k in ("offered_tokens", "kept_tokens", "rows_drafting"))
 
 
 def test_quiet_step_skips_the_plan_only_after_a_silent_plan_and_until_a_recomputation_is_due():

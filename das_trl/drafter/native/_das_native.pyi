@@ -270,25 +270,33 @@ def controller_budgets(accept: _F64, table: _F64, pooled: _F64, generated: _F64,
             sample axis, or ``bins < 1``.
     """
 
-def controller_cut(accept: _F64, table: _F64, pooled: _F64, generated: _F64, cap: _F64, draws: _F64, weight: _F64,
-                   params: dict[str, Any], lengths: _I32, value: _F64, expected_kept: _F64) -> None:
-    """The cut of a planned step (``BudgetController.cut``) for the ``n`` drafted rows: survival from the remaining
-    length samples, then the draft length minimising the cost per token of progress under each row's given weight
-    (``c_base * P_i`` from the plan over the whole batch). GIL released.
+def controller_cut(accept: _F64, table: _F64, pooled: _F64, rows: _I64, generated: _F64, cap: _F64, draws: _F64,
+                   weight: _F64, params: dict[str, Any], lengths: _I32, value: _F64,
+                   expected_kept: _F64) -> tuple[int, int, int, float]:
+    """The cut of a planned step (``BudgetController.cut``) for its ``m`` drafted rows: survival from the remaining
+    length samples, then the draft length minimising the cost per token of progress under each row's weight
+    (``c_base * P_i`` from the plan over the whole batch), and the step's counters. GIL released.
 
     Args:
-        accept: ``float64[n, k]`` cumulative acceptance estimates of each drafted row.
-        table / pooled / generated / cap / draws: as :func:`controller_budgets`, for these rows.
-        weight: ``float64[n]`` ms one more round of the row adds to the batch's expected cost.
+        accept: ``float64[m, k]`` cumulative acceptance estimates of each drafted row (checked: in ``[0, 1]``).
+        table / pooled / draws: as :func:`controller_budgets`, for these ``m`` rows (``draws`` ``[4, m, s]`` or
+            ``[4, 1, s]``).
+        rows: ``int64[m]`` the drafted rows' indices in the plan's ``n`` rows.
+        generated: ``float64[n]`` the plan's tokens generated so far (all rows).
+        cap: ``float64[n]`` the plan's most tokens still allowed (``[0]``: no cap).
+        weight: ``float64[n]`` the plan's ``c_base * P_i`` (ms one more round of the row adds to the batch's cost).
         params: ``ratio``, ``c_tok_ms``, ``draft_margin``, ``pooled_weight``, ``length_jitter``,
             ``extrapolation_fraction``, ``min_remaining`` (missing: defaults).
-        lengths: out, ``int32[n]`` kept draft tokens.
-        value: out, ``float64[n]`` ms per token of progress at that length.
-        expected_kept: out, ``float64[n]`` sum of acceptance x survival over the kept positions.
+        lengths: out, ``int32[m]`` kept draft tokens.
+        value: out, ``float64[m]`` ms per token of progress at that length.
+        expected_kept: out, ``float64[m]`` sum of acceptance x survival over the kept positions.
+
+    Returns:
+        ``(kept tokens, rows keeping >= 1 token, offered tokens (estimates > 0), sum of expected_kept)``.
 
     Raises:
-        ValueError: a row count differs from ``n``, ``draws`` is not ``[4, n, s]`` or ``[4, 1, s]``, an empty table or
-            sample axis.
+        ValueError: a row count differs from ``m`` / ``n``, a row outside the plan, an estimate outside ``[0, 1]`` or
+            NaN (nothing written), bad ``draws``, an empty table or sample axis.
     """
 
 

@@ -346,29 +346,39 @@ NB_MODULE(_das_native, m) {
       "controller_cut",
       [](nb::ndarray<const double, nb::ndim<2>, nb::c_contig, nb::device::cpu> accept,
          nb::ndarray<const double, nb::ndim<2>, nb::c_contig, nb::device::cpu> table, In1<double> pooled,
-         In1<double> generated, In1<double> cap,
+         In1<int64_t> rows, In1<double> generated, In1<double> cap,
          nb::ndarray<const double, nb::ndim<3>, nb::c_contig, nb::device::cpu> draws, In1<double> weight,
          const nb::dict& params, Out1<int32_t> lengths, Out1<double> value, Out1<double> expected_kept) {
-        const size_t n = accept.shape(0);
-        for (auto [name, got] : {std::pair<const char*, size_t>{"table", table.shape(0)},
-                                 {"generated", generated.shape(0)}, {"cap", cap.shape(0)},
-                                 {"weight", weight.shape(0)},
+        const size_t m = accept.shape(0), n = generated.shape(0);
+        for (auto [name, got] : {std::pair<const char*, size_t>{"table", table.shape(0)}, {"rows", rows.shape(0)},
                                  {"lengths", lengths.shape(0)}, {"value", value.shape(0)},
                                  {"expected_kept", expected_kept.shape(0)}})
-          need_rows(name, got, n);
-        check_samples(n, table.shape(1), draws.shape(0), draws.shape(1), draws.shape(2));
+          need_rows(name, got, m);
+        need_rows("weight", weight.shape(0), n);
+        if (cap.shape(0)) need_rows("cap", cap.shape(0), n);
+        for (size_t i = 0; i < m; ++i)
+          if (rows.data()[i] < 0 || static_cast<size_t>(rows.data()[i]) >= n)
+            throw das::InputError("controller_cut: row " + std::to_string(rows.data()[i]) + " outside the plan's " +
+                                  std::to_string(n) + " rows");
+        check_samples(m, table.shape(1), draws.shape(0), draws.shape(1), draws.shape(2));
         const das::ControllerParams prm = controller_params(params);
-        nb::gil_scoped_release nogil;
-        das::controller_cut(static_cast<int64_t>(n), static_cast<int64_t>(accept.shape(1)), accept.data(),
-                            static_cast<int64_t>(table.shape(1)), table.data(), static_cast<int64_t>(pooled.shape(0)),
-                            pooled.data(), generated.data(), cap.data(), static_cast<int64_t>(draws.shape(2)),
-                            draws.data(), static_cast<int64_t>(draws.shape(1)), weight.data(), prm, lengths.data(),
-                            value.data(), expected_kept.data());
+        das::CutResult r;
+        {
+          nb::gil_scoped_release nogil;
+          r = das::controller_cut(static_cast<int64_t>(m), static_cast<int64_t>(accept.shape(1)), accept.data(),
+                                  static_cast<int64_t>(table.shape(1)), table.data(),
+                                  static_cast<int64_t>(pooled.shape(0)), pooled.data(), rows.data(), generated.data(),
+                                  cap.shape(0) ? cap.data() : nullptr, static_cast<int64_t>(draws.shape(2)),
+                                  draws.data(), static_cast<int64_t>(draws.shape(1)), weight.data(), prm,
+                                  lengths.data(), value.data(), expected_kept.data());
+        }
+        return nb::make_tuple(r.kept_tokens, r.rows_drafting, r.offered, r.expected);
       },
-      "accept"_a, "table"_a, "pooled"_a, "generated"_a, "cap"_a, "draws"_a, "weight"_a, "params"_a, "lengths"_a,
-      "value"_a, "expected_kept"_a,
-      "The cut of a planned step for the drafted rows (das_trl/budget/controller.py, BudgetController.cut): kept "
-      "draft tokens per row given each row's weight c_base * P_i; see src/controller.h.");
+      "accept"_a, "table"_a, "pooled"_a, "rows"_a, "generated"_a, "cap"_a, "draws"_a, "weight"_a, "params"_a,
+      "lengths"_a, "value"_a, "expected_kept"_a,
+      "The cut of a planned step for its drafted rows (das_trl/budget/controller.py, BudgetController.cut): kept "
+      "draft tokens per row given each row's weight c_base * P_i; see src/controller.h. Returns (kept tokens, rows "
+      "keeping a token, offered tokens, expected accepted tokens).");
 
   m.def(
       "controller_plan",

@@ -206,16 +206,34 @@ double controller_budgets(int64_t n, int64_t k, const double* accept, int64_t w,
   return makespan;
 }
 
-void controller_cut(int64_t m_rows, int64_t k, const double* accept, int64_t w, const double* table, int64_t m,
-                    const double* pooled, const double* generated, const double* cap, int64_t s, const double* draws,
-                    int64_t draw_rows, const double* weight, const ControllerParams& prm, int32_t* lengths,
-                    double* value, double* expected_kept) {
-  if (m_rows <= 0) return;
+CutResult controller_cut(int64_t m_rows, int64_t k, const double* accept, int64_t w, const double* table, int64_t m,
+                         const double* pooled, const int64_t* rows, const double* generated, const double* cap,
+                         int64_t s, const double* draws, int64_t draw_rows, const double* weight,
+                         const ControllerParams& prm, int32_t* lengths, double* value, double* expected_kept) {
+  CutResult res{0, 0, 0, 0.0};
+  if (m_rows <= 0) return res;
+  // Checked before anything is computed (NaN fails too): the estimates must be DraftBatch.accept's probabilities.
+  for (int64_t j = 0; j < m_rows * k; ++j)
+    if (!(accept[j] >= 0.0 && accept[j] <= 1.0))
+      throw InputError("BudgetController.cut: accept must lie in [0, 1], got " + std::to_string(accept[j]) +
+                       " in row " + std::to_string(j / k) + "; pass DraftBatch.accept");
+  std::vector<double> gen(static_cast<size_t>(m_rows)), capv(static_cast<size_t>(m_rows), HUGE_VAL);
+  for (int64_t i = 0; i < m_rows; ++i) {
+    gen[i] = generated[rows[i]];
+    if (cap) capv[i] = cap[rows[i]];
+  }
   std::vector<double> rem(static_cast<size_t>(m_rows * s));
-  sample_remaining(m_rows, w, table, m, pooled, generated, cap, s, draws, draw_rows, prm, rem.data(), nullptr);
+  sample_remaining(m_rows, w, table, m, pooled, gen.data(), capv.data(), s, draws, draw_rows, prm, rem.data(),
+                   nullptr);
   std::vector<int32_t> hist(static_cast<size_t>(k + 2));
-  for (int64_t i = 0; i < m_rows; ++i)
-    cut_row(i, k, s, accept, rem.data(), weight[i], prm, hist, lengths, value, expected_kept);
+  for (int64_t i = 0; i < m_rows; ++i) {
+    cut_row(i, k, s, accept, rem.data(), weight[rows[i]], prm, hist, lengths, value, expected_kept);
+    res.kept_tokens += lengths[i];
+    res.rows_drafting += lengths[i] > 0;
+  }
+  for (int64_t j = 0; j < m_rows * k; ++j) res.offered += accept[j] > 0.0;
+  res.expected = pairwise_sum(expected_kept, m_rows);  // np.add.reduce's order, as the numpy path's counter
+  return res;
 }
 
 PlanResult controller_plan(int64_t n, const double* out_len, const double* rounds, const double* max_output,

@@ -42,13 +42,21 @@ double controller_budgets(int64_t n, int64_t k, const double* accept, int64_t w,
                           int64_t s, const double* draws, int64_t draw_rows, const ControllerParams& prm,
                           int32_t* lengths, double* value, double* p, double* expected_kept, double* rem_mean);
 
-// The cut of a planned step (das_trl/budget/controller.py, BudgetController.cut): for the m drafted rows only, with
-// each row's weight (c_base * P_i, from the plan over the whole batch) given instead of computed. Same shapes as
-// controller_budgets for the m rows (draws [4, m, s]); outputs lengths, value and expected_kept [m].
-void controller_cut(int64_t m_rows, int64_t k, const double* accept, int64_t w, const double* table, int64_t m,
-                    const double* pooled, const double* generated, const double* cap, int64_t s, const double* draws,
-                    int64_t draw_rows, const double* weight, const ControllerParams& prm, int32_t* lengths,
-                    double* value, double* expected_kept);
+// The cut of a planned step (das_trl/budget/controller.py, BudgetController.cut) for its m_rows drafted rows: rows
+// [m_rows] are their indices in the plan, whose generated / cap (null: no cap) / weight (c_base * P_i) arrays are
+// given whole; accept [m_rows, k], table [m_rows, w] and draws [4, 1 or m_rows, s] as for controller_budgets. Outputs
+// [m_rows]: lengths (kept draft tokens), value and expected_kept. Throws InputError (before any output is written)
+// when an estimate lies outside [0, 1] or is NaN. Returns the step's counters.
+struct CutResult {
+  int64_t kept_tokens;    // sum of lengths
+  int64_t rows_drafting;  // rows keeping >= 1 token
+  int64_t offered;        // draft positions with an estimate > 0 (tokens the drafter offered)
+  double expected;        // sum of expected_kept (numpy's pairwise order)
+};
+CutResult controller_cut(int64_t m_rows, int64_t k, const double* accept, int64_t w, const double* table, int64_t m,
+                         const double* pooled, const int64_t* rows, const double* generated, const double* cap,
+                         int64_t s, const double* draws, int64_t draw_rows, const double* weight,
+                         const ControllerParams& prm, int32_t* lengths, double* value, double* expected_kept);
 
 // BudgetController.plan after its replan decision (das_trl/budget/controller.py), in one pass: with `replan`, the
 // tail probabilities from the rows' sampled remaining lengths (table / pooled / draws as above; rounds [n] gives
