@@ -38,7 +38,7 @@ from .draft_batch import DraftBatch
 from .history import RolloutHistory
 from .problem_key import problem_key as _problem_key
 from .sources import MATCH_BUCKETS, SOURCE_ORDER
-from .tokens import as_tokens, group_rollouts, int32_array
+from .tokens import _INT32, as_tokens, group_rollouts, int32_array
 
 _GLOBAL_KEY = 2**64 - 1  # HistoryIndex::kGlobalKey
 _I32_MAX = 2**31 - 1
@@ -289,7 +289,8 @@ class NativeDASDrafter:
 
     def step_slots(self, slots: np.ndarray, token_matrix: np.ndarray, rows: np.ndarray, num_tokens: np.ndarray,
                    num_prompt: np.ndarray, num_sampled: np.ndarray, num_verified: np.ndarray,
-                   max_tokens: np.ndarray, out: DraftBatch | None = None, release: bool = True) -> DraftBatch:
+                   max_tokens: np.ndarray, out: DraftBatch | None = None, release: bool = True, *,
+                   _prechecked: bool = False) -> DraftBatch:
         """One engine step for ``n`` rows given by slot (:meth:`slot_of`), in one native call that releases the GIL:
         each row's verification report, its new tokens read in place from ``token_matrix``, then drafts.
 
@@ -320,6 +321,10 @@ class NativeDASDrafter:
             release: offer the deferred tokens to the ingest thread now; ``False``: only at :meth:`release_ingest`
                 (call it after the step's :meth:`trim`, which then never waits for that ingest; a call that needs
                 the automata completes them anyway).
+            _prechecked: private to the Speculator, which validated this step's arrays already (``slots``, the row
+                arrays and ``max_tokens`` C-contiguous ``int32 [n]``, ``out`` its own batch of ``n`` rows): skip
+                validating them again (~10 us per engine step). The native call still checks every length and
+                ``out``'s width (ValueError, nothing changed); ``token_matrix`` is checked as without it.
 
         Returns:
             ``out`` (or the new batch).
@@ -328,6 +333,10 @@ class NativeDASDrafter:
             KeyError: a slot that is not active. ValueError: lengths or shapes out of range, or a bad ``out``
             (nothing changed).
         """
+        if _prechecked:
+            self._core.step(_as_matrix(token_matrix), slots, rows, num_tokens, num_prompt, num_sampled, num_verified,
+                            max_tokens, out.tokens, out.accept, out.lengths, out.source, out.match_len, True, release)
+            return out
         slots = int32_array(slots, "slots")
         n = len(slots)
         cols = [int32_array(a, name, n) for a, name in ((rows, "rows"), (num_tokens, "num_tokens"),
@@ -339,11 +348,7 @@ class NativeDASDrafter:
             if budgets.dtype != np.int32:
                 budgets = np.clip(budgets.astype(np.int64), -1, _I32_MAX).astype(np.int32)
         budgets = int32_array(budgets, "max_tokens", n)
-        matrix = token_matrix
-        if not (isinstance(matrix, np.ndarray) and matrix.dtype == np.int32 and matrix.flags.c_contiguous):
-            matrix = np.ascontiguousarray(matrix, dtype=np.int32)
-        if matrix.ndim != 2:
-            raise ValueError(f"step: token_matrix must be 2-D, got shape {matrix.shape}")
+        matrix = _as_matrix(token_matrix)
         k = self.config.max_spec_tokens
         if out is None:
             out, fill_idle = DraftBatch.empty(n, k), False  # zeroed already: rows without a draft are not written
@@ -484,6 +489,19 @@ class NativeDASDrafter:
     def check(self) -> str:
         """Native structural self-check (tests): ``""`` when consistent."""
         return self._core.check()
+
+
+def _as_matrix(token_matrix: np.ndarray) -> np.ndarray:
+    """``token_matrix`` as a C-contiguous ``int32`` array (no copy when it is one). Raises ``ValueError`` unless
+    2-D."""
+    matrix = token_matrix
+    if type(matrix) is np.ndarray and matrix.dtype is _INT32 and matrix.ndim == 2 and matrix.flags.c_contiguous:
+        return matrix  # vLLM's token_ids_cpu, every step: attribute checks only
+    if not (isinstance(matrix, np.ndarray) and matrix.dtype == np.int32 and matrix.flags.c_contiguous):
+        matrix = np.ascontiguousarray(matrix, dtype=np.int32)
+    if matrix.ndim != 2:
+        raise ValueError(f"step: token_matrix must be 2-D, got shape {matrix.shape}")
+    return matrix
 
 
 def _check_out(out: DraftBatch, n: int, k: int) -> None:

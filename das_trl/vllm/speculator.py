@@ -29,7 +29,7 @@ import numpy as np
 
 from das_trl.budget import BudgetController
 from das_trl.drafter.draft_batch import DraftBatch
-from das_trl.drafter.tokens import int32_array
+from das_trl.drafter.tokens import _INT32, int32_array
 
 from .request_book import NativeRequestBook, RequestBook
 
@@ -75,7 +75,8 @@ class Speculator:
         self._dslot = np.zeros(256, np.int32)  # per slot: the request's slot in the native drafter
         self._last_dslots = np.zeros(0, np.int32)
         self._silent = False  # the last step sent no draft
-        self._zeros = np.zeros(0, np.int32)
+        self._fills: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # value -> (read-only buffer, last view)
+        self._views_key: tuple[int, int] | None = None  # (rows, K) of self._views
         self._no_rows = (np.zeros(0, np.int32), np.zeros(0, np.float64))
         self.counters = dict(steps=0, request_rounds=0, speculated_rows=0, silent_steps=0, quiet_steps=0, drafts=0,
                              draft_tokens=0, verified_drafts=0, accepted_tokens=0)
@@ -184,17 +185,19 @@ class Speculator:
                 raise ValueError("step: a request id appears twice in req_ids")
             self._last_ids, self._last_slots = list(req_ids), slots
             self._last_dslots = self._dslot[slots]
-        # int32 as vLLM holds them (other integer arrays are converted once here; the drafter takes int32 as is);
-        # their lengths are checked before any record changes
-        rows, num_tokens, num_prompt, num_sampled = (int32_array(a, name, n) for a, name in (
-            (rows, "rows"), (num_tokens, "num_tokens"), (num_prompt, "num_prompt"), (num_sampled, "num_sampled")))
-        verified = np.full(n, -1, np.int32) if num_verified is None else int32_array(num_verified, "num_verified", n)
+        # int32 as vLLM holds them (other integer arrays are converted once here; the drafter then takes them without
+        # checking again); their lengths are checked before any record changes
+        rows = int32_array(rows, "rows", n)
+        num_tokens = int32_array(num_tokens, "num_tokens", n)
+        num_prompt = int32_array(num_prompt, "num_prompt", n)
+        num_sampled = int32_array(num_sampled, "num_sampled", n)
+        verified = self._filled(-1, n) if num_verified is None else int32_array(num_verified, "num_verified", n)
         book = self._book
         in_flight = book.begin(slots)
         if n and self._silent and not in_flight and self.controller.quiet_step(slots):
             return self._quiet_step(req_ids, slots, token_matrix, rows, num_tokens, num_prompt, num_sampled, verified)
-        inputs, observed = book.prepare(slots, num_sampled, verified, num_tokens, num_prompt, self.max_model_len,
-                                        self.drafter.config.max_spec_tokens)
+        k = self.drafter.config.max_spec_tokens
+        inputs, observed = book.prepare(slots, num_sampled, verified, num_tokens, num_prompt, self.max_model_len, k)
         ctl = self.controller
         c = self.counters
         if observed.verified_drafts:
@@ -207,10 +210,11 @@ class Speculator:
             ctl.observe_step(n + observed.checked, step_ms)
         plan = ctl.plan(*inputs, slots)
         planned = int(np.count_nonzero(plan.draft))
-        budgets = np.where(plan.draft, inputs.caps, np.int32(0)) if planned else self._zero_budgets(n)
-        out = self._drafter_step(req_ids, slots, token_matrix, rows, num_tokens, num_prompt, num_sampled, verified,
-                                 budgets, release=False)
-        drafting = np.flatnonzero(out.lengths)
+        zeros = self._filled(0, n)  # np.where with an array of zeros costs a third of one with a numpy scalar 0
+        budgets = np.where(plan.draft, inputs.caps, zeros) if planned else zeros
+        out = self._drafter_step(req_ids, token_matrix, rows, num_tokens, num_prompt, num_sampled, verified, budgets,
+                                 k, release=False)
+        drafting = out.lengths.nonzero()[0]  # np.flatnonzero without its ravel (lengths is 1-D)
         if len(drafting):
             kept = ctl.cut(plan, out.accept[drafting], drafting)
             expected_kept = ctl.last_expected_kept
@@ -237,8 +241,8 @@ class Speculator:
         only takes the new tokens (off the critical path where it defers its ingest)."""
         self._book.decay()
         n = len(slots)
-        out = self._drafter_step(req_ids, slots, token_matrix, rows, num_tokens, num_prompt, num_sampled, verified,
-                                 self._zero_budgets(n))
+        out = self._drafter_step(req_ids, token_matrix, rows, num_tokens, num_prompt, num_sampled, verified,
+                                 self._filled(0, n), self.drafter.config.max_spec_tokens)
         c = self.counters
         c["steps"] += 1
         c["request_rounds"] += n
@@ -246,32 +250,40 @@ class Speculator:
         c["quiet_steps"] += 1
         return out
 
-    def _zero_budgets(self, n: int) -> np.ndarray:
-        """``int32 [n]`` zeros from a buffer kept across steps (never written to)."""
-        if len(self._zeros) < n:
-            self._zeros = np.zeros(max(n, 2 * len(self._zeros)), np.int32)
-        return self._zeros[:n]
+    def _filled(self, value: int, n: int) -> np.ndarray:
+        """``int32 [n]`` all ``value`` (0: no budget, -1: whole draft verified): a read-only view of a buffer kept
+        across steps, the same view while ``n`` holds (a new array per step cost ~1.3 us). Grows by doubling."""
+        buf, view = self._fills.get(value, (None, None))
+        if view is None or len(view) != n:
+            if buf is None or len(buf) < n:
+                buf = np.full(max(n, 2 * (len(buf) if buf is not None else 0), 64), value, np.int32)
+                buf.flags.writeable = False  # shared by every step: nothing may write to it
+            view = buf[:n]
+            self._fills[value] = (buf, view)
+        return view
 
-    def _drafter_step(self, req_ids: list[str], slots: np.ndarray, token_matrix: np.ndarray, rows: np.ndarray,
-                      num_tokens: np.ndarray, num_prompt: np.ndarray, num_sampled: np.ndarray, verified: np.ndarray,
-                      budgets: np.ndarray, release: bool = True) -> DraftBatch:
-        """The drafter's step: by slot into the reused output buffer (native; ``release``: see
-        ``NativeDASDrafter.step_slots``), else by request id."""
+    def _drafter_step(self, req_ids: list[str], token_matrix: np.ndarray, rows: np.ndarray, num_tokens: np.ndarray,
+                      num_prompt: np.ndarray, num_sampled: np.ndarray, verified: np.ndarray, budgets: np.ndarray,
+                      k: int, release: bool = True) -> DraftBatch:
+        """The drafter's step (``k``: its ``max_spec_tokens``): by slot into the reused output buffer (native;
+        ``release``: see ``NativeDASDrafter.step_slots``), without validating again what :meth:`step` validated,
+        else by request id."""
         if self._by_slot:
+            if budgets.dtype is not _INT32:  # int32 from either book (caps in [0, K]); kept so for the drafter's call
+                budgets = budgets.astype(np.int32)
             return self.drafter.step_slots(self._last_dslots, token_matrix, rows, num_tokens, num_prompt,
-                                           num_sampled, verified, budgets, self._out_buffer(len(slots)), release)
+                                           num_sampled, verified, budgets, self._out_buffer(len(rows), k), release,
+                                           _prechecked=True)
         return self.drafter.step(req_ids, token_matrix, rows, num_tokens, num_prompt, num_sampled, verified, budgets)
 
-    def _out_buffer(self, n: int) -> DraftBatch:
-        """The first ``n`` rows of one output batch reused across steps (a new one per step cost ~0.3 us per row);
-        valid until the next :meth:`step`. Grows by doubling."""
-        k = self.drafter.config.max_spec_tokens
-        buf = self._buffer
-        if buf is None or len(buf) < n or buf.tokens.shape[1] != k:
-            buf = self._buffer = DraftBatch.empty(max(n, 2 * (len(buf) if buf is not None else 0), 64), k)
-            self._views = None
-        views = self._views
-        if views is None or len(views) != n:  # the same views while the batch size holds (the drafter checks less)
-            views = self._views = DraftBatch(buf.tokens[:n], buf.lengths[:n], buf.accept[:n], buf.source[:n],
-                                             buf.match_len[:n])
-        return views
+    def _out_buffer(self, n: int, k: int) -> DraftBatch:
+        """The first ``n`` rows of one output batch of width ``k`` reused across steps (a new one per step cost
+        ~0.3 us per row); valid until the next :meth:`step`. Grows by doubling."""
+        if self._views_key != (n, k):  # the same views while the batch size holds
+            buf = self._buffer
+            if buf is None or len(buf) < n or buf.tokens.shape[1] != k:
+                buf = self._buffer = DraftBatch.empty(max(n, 2 * (len(buf) if buf is not None else 0), 64), k)
+            self._views = DraftBatch(buf.tokens[:n], buf.lengths[:n], buf.accept[:n], buf.source[:n],
+                                     buf.match_len[:n])
+            self._views_key = (n, k)
+        return self._views
