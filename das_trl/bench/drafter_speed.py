@@ -86,12 +86,16 @@ def _vllm_config(k: int, max_model_len: int, **spec) -> SimpleNamespace:
 
 
 def run_batch(kind: str, wl: Workload, history: list[tuple[list, list]], batch: int, context: int, rounds: int,
-              k: int, backend: str, workload: str = "drafting", warmup_rounds: int = 0) -> dict:
+              k: int, backend: str, workload: str = "drafting", warmup_rounds: int = 0,
+              forward_ms: float = 0.0) -> dict:
     """One proposer on one live batch: returns per request-round costs and tokens per round.
 
     ``workload="silent"``: the live requests' outputs are random tokens unrelated to the history (drafts are
     rejected, the controller's plan stops drafting), so the timed steps measure what a step costs when nothing
-    pays. ``warmup_rounds`` engine steps run untimed after the first (the plan learns the acceptance)."""
+    pays. ``warmup_rounds`` engine steps run untimed after the first (the plan learns the acceptance).
+    ``forward_ms``: the engine's forward pass between two proposer calls, emulated by sleeping that long (untimed):
+    the work the drafter leaves to its ingest thread then overlaps it as in an engine; 0 gives the thread only the
+    time this loop takes to emit the round's tokens."""
     width = context + (rounds + warmup_rounds) * (k + 2) + 64
     fb = FakeBatch(batch, width)
     problems = [r % len(wl.prompts) for r in range(batch)]
@@ -171,6 +175,10 @@ def run_batch(kind: str, wl: Workload, history: list[tuple[list, list]], batch: 
             wall = cpu = 0.0
             rows = tokens = 0
             if kind == "das":
+                # The warm-up's contexts (batch x context tokens at once: 4 M at 256 x 16k) finish ingesting before
+                # timing: left to the ingest thread, they made the first timed steps wait for it (an engine's
+                # prefill of those contexts takes far longer than their ingest).
+                prop.drafter.wait_for_ingest()
                 step_time[:] = [0.0, 0.0, 0.0]
                 spec0 = dict(prop.speculator.counters)
         sampled = []
@@ -190,6 +198,8 @@ def run_batch(kind: str, wl: Workload, history: list[tuple[list, list]], batch: 
         wall += time.perf_counter() - t0
         cpu += time.thread_time() - c0
         rows += batch
+        if forward_ms > 0:
+            time.sleep(forward_ms / 1000.0)
     out = {"us_wall": 1e6 * wall / rows, "us_cpu": 1e6 * cpu / rows, "tokens_per_round": tokens / rows}
     if kind == "das":
         out["drafter_us_wall"], out["drafter_us_cpu"], out["controller_us_cpu"] = (1e6 * x / rows for x in step_time)
@@ -287,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
                          "nothing pays, the plan stops drafting (what a step costs when nothing pays)")
     ap.add_argument("--warmup-rounds", type=int, default=5,
                     help="untimed engine steps before the timed ones (the plan learns the acceptance)")
+    ap.add_argument("--forward-ms", type=float, default=0.0,
+                    help="emulated forward pass between engine steps (ms, untimed; e.g. 7, the paper's c_base): what "
+                         "the drafter's ingest thread does meanwhile leaves the proposer's time (default 0)")
     args = ap.parse_args(argv)
     kinds = ["das"] + ([args.compare] if args.compare == "suffix" else [])
     print(f"{'batch':>6}{'context':>9}  {'proposer':<8}{'us/req-round':>13}{'(cpu)':>8}{'tok/round':>10}"
@@ -302,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
             res = {}
             for kind in kinds:
                 res[kind] = run_batch(kind, wl, history, batch, context, args.rounds, args.k, args.backend,
-                                      args.workload, args.warmup_rounds)
+                                      args.workload, args.warmup_rounds, args.forward_ms)
                 r = res[kind]
                 inner = (f"  {r['drafter_us_wall']:>12.1f} ({r['drafter_us_cpu']:.1f} cpu){r['controller_us_cpu']:>18.2f}"
                          f"{100 * r['speculated_share']:>13.0f}%{r['silent_steps']:>8d} of {args.rounds}"
