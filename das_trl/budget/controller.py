@@ -493,6 +493,7 @@ class BudgetController:
         self._slot_p = np.zeros(0, np.float64)
         self._slot_epoch = np.full(0, -1, np.int64)
         self._epoch = 0
+        self._rows_seen_epoch = -1  # the epoch at which the last plan / quiet_step saw every one of its rows
         self._since_plan = 0
         self._rows_at_plan = 0
         # Steps between recomputations: replan_steps, doubled (up to quiet_replan_max_steps) after each recomputation
@@ -747,6 +748,7 @@ class BudgetController:
                 self._replan_interval = min(2 * self._replan_interval, cfg.quiet_replan_max_steps)
         c["silent_steps"] += int(self._last_silent)
         c["tail_rows"] += tails
+        self._rows_seen_epoch = self._epoch if sl is not None else -1  # every row is now a request this epoch saw
         self.last_tail_prob = p
         return StepPlan(draft, weight, keys, out_len, cap, replan)
 
@@ -782,7 +784,7 @@ class BudgetController:
             self.last_expected_makespan = float(makespan)
         return draft, weight, p, drafted, tails
 
-    def quiet_step(self, slots: np.ndarray) -> bool:
+    def quiet_step(self, slots: np.ndarray, same_rows: bool = False) -> bool:
         """Whether this engine step may skip :meth:`plan` and draft nothing, because nothing paid at the last plan
         and nothing that decision rests on was recomputed since: it drafted no row, the tail probabilities are not
         due (the rules of ``replan_steps`` / ``quiet_replan_max_steps``, ``replan_shrink`` and ``always_plan_rows``)
@@ -795,6 +797,10 @@ class BudgetController:
 
         Args:
             slots: ``int [n]`` the rows' request slots, as given to :meth:`plan`.
+            same_rows: the caller's promise that ``slots`` holds the same requests as at its previous call of
+                :meth:`plan` or :meth:`quiet_step` (the Speculator knows it from the request ids): then, when no
+                recomputation happened since, the check that the last plan saw every row is skipped (it passed
+                already; O(rows) array work otherwise).
         """
         cfg = self.config
         n = len(slots)
@@ -802,9 +808,11 @@ class BudgetController:
                 or n < (1.0 - cfg.replan_shrink) * self._rows_at_plan or self._online:
             return False
         # A request the last computation did not see (slot epochs never exceed the current epoch).
-        if np.maximum.reduce(slots) >= len(self._slot_epoch) \
-                or np.minimum.reduce(self._slot_epoch[slots]) < self._epoch:
-            return False
+        if not (same_rows and self._rows_seen_epoch == self._epoch):
+            if np.maximum.reduce(slots) >= len(self._slot_epoch) \
+                    or np.minimum.reduce(self._slot_epoch[slots]) < self._epoch:
+                return False
+            self._rows_seen_epoch = self._epoch
         self._since_plan += 1
         self._acc_expected *= cfg.acceptance_decay
         self._acc_accepted *= cfg.acceptance_decay

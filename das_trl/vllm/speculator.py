@@ -174,7 +174,8 @@ class Speculator:
             were updated).
         """
         n = len(req_ids)
-        if req_ids == self._last_ids:
+        same_rows = req_ids == self._last_ids
+        if same_rows:
             slots = self._last_slots
         else:
             try:
@@ -194,7 +195,7 @@ class Speculator:
         verified = self._filled(-1, n) if num_verified is None else int32_array(num_verified, "num_verified", n)
         book = self._book
         in_flight = book.begin(slots)
-        if n and self._silent and not in_flight and self.controller.quiet_step(slots):
+        if n and self._silent and not in_flight and self.controller.quiet_step(slots, same_rows):
             return self._quiet_step(req_ids, slots, token_matrix, rows, num_tokens, num_prompt, num_sampled, verified)
         k = self.drafter.config.max_spec_tokens
         inputs, observed = book.prepare(slots, num_sampled, verified, num_tokens, num_prompt, self.max_model_len, k)

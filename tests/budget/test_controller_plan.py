@@ -131,6 +131,24 @@ def test_quiet_step_skips_the_plan_only_after_a_silent_plan_and_until_a_recomput
     assert not ctl.quiet_step(slots)
 
 
+def test_quiet_step_with_the_same_rows_skips_only_the_seen_check_and_only_until_a_recomputation():
+    keys, out_len, rounds, _ = _batch(64)
+    slots = np.arange(64)
+    low = np.full(64, 0.01)
+    ctl = _controller(replan_steps=8, always_plan_rows=32)
+    ctl.plan(keys, out_len, rounds, None, None, low, slots)
+    ctl._slot_epoch[:] = -1  # as if no row had been seen: only the check reads it
+    assert ctl.quiet_step(slots, same_rows=True)  # the caller's promise: the check is skipped
+    assert not ctl.quiet_step(slots)              # without it the check runs (and fails here)
+    # a recomputation starts a new epoch: the promise alone no longer skips the check
+    ctl._epoch += 1
+    assert not ctl.quiet_step(slots, same_rows=True)
+    # the interval rules still apply with the promise
+    ctl2 = _controller(replan_steps=3, always_plan_rows=32)
+    ctl2.plan(keys, out_len, rounds, None, None, low, slots)
+    assert [ctl2.quiet_step(slots, same_rows=True) for _ in range(3)] == [True, True, False]
+
+
 def _quiet_run(ctl, keys, out_len, rounds, acc, slots, steps):
     """Steps as the Speculator takes them: quiet_step, else plan. Returns the steps (0-based) that planned, and
     whether each plan recomputed."""
