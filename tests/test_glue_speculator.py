@@ -158,3 +158,10 @@ def test_int32_array_fast_and_general_paths_agree():
     for bad in (a, odd, [0, 1]):
         with pytest.raises(ValueError, match="one entry per row"):
             int32_array(bad, "x", 3)
+
+
+def test_int32_array_rejects_floats_that_are_not_whole_numbers():
+    assert int32_array(np.array([1.0, 2.0, -3.0]), "x").tolist() == [1, 2, -3]
+    for bad in (np.array([1.0, np.nan]), np.array([9.7]), np.array([np.inf, 1.0])):
+        with pytest.raises(ValueError, match="x must hold integers"):
+            int32_array(bad, "x")

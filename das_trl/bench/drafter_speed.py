@@ -301,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="emulated forward pass between engine steps (ms, untimed; e.g. 7, the paper's c_base): what "
                          "the drafter's ingest thread does meanwhile leaves the proposer's time (default 0)")
     args = ap.parse_args(argv)
+    if not 0.0 <= args.forward_ms <= 60_000.0:  # NaN fails too
+        ap.error(f"--forward-ms must be between 0 and 60000 ms, got {args.forward_ms}")
     kinds = ["das"] + ([args.compare] if args.compare == "suffix" else [])
     print(f"{'batch':>6}{'context':>9}  {'proposer':<8}{'us/req-round':>13}{'(cpu)':>8}{'tok/round':>10}"
           f"  {'of which drafter step':>22}{'controller (cpu)':>18}{'rows drafted':>14}{'silent steps':>14}")

@@ -82,6 +82,8 @@ from .length_table import LengthTable
 _COST_SOURCES = ("config", "online")
 _BACKENDS = ("auto", "native", "python")
 _UNSET = object()  # a native kernel not resolved yet
+#: No draft is longer (the native core's MAX_SPEC_TOKENS): larger hard caps count as this in the gate.
+MAX_CAP = 64
 #: Pseudo-rounds at 1 token per round in a row's observed tokens-per-round estimate.
 _TAU_PSEUDO_ROUNDS = 4.0
 
@@ -296,7 +298,7 @@ def gate_rows(weight_ms: np.ndarray, q: np.ndarray, caps: np.ndarray, c_tok_ms: 
     Args:
         weight_ms: ``float64 [n]`` ``c_base * P_i`` (what a round of row ``i`` adds to the makespan's cost).
         q: ``float64 [n]`` predicted per-token acceptance in ``[0, 1)``.
-        caps: ``int [n]`` most draft tokens row ``i`` may get (0: never drafted).
+        caps: ``int [n]`` most draft tokens row ``i`` may get (0: never drafted; above :data:`MAX_CAP`: that).
         c_tok_ms / draft_row_ms: ms per verified token / ms of proposer CPU per drafted row.
 
     Returns:
@@ -316,7 +318,7 @@ def gate_rows(weight_ms: np.ndarray, q: np.ndarray, caps: np.ndarray, c_tok_ms: 
     if m:
         if m < len(out):
             q, value, caps = q[rows], value[rows], caps[rows]
-        k = int(np.maximum.reduce(caps))
+        k = min(int(np.maximum.reduce(caps)), MAX_CAP)
         d = _arange_1(k)
         s_d = (q[:, None] ** d).cumsum(axis=1)  # [m, k]
         cost = c_tok_ms * (1.0 + draft_margin) * d + draft_row_ms
@@ -648,7 +650,8 @@ class BudgetController:
             :class:`StepPlan`.
 
         Raises:
-            ValueError: shapes disagree.
+            ValueError: shapes disagree, a negative slot, or a negative / NaN output length or max output (nothing
+                changed).
         """
         keys = np.asarray(problem_keys, dtype=np.int64)
         if keys.ndim != 1:
@@ -675,10 +678,12 @@ class BudgetController:
                                      f"{v.shape}")
         cfg = self.config
         cost = self.cost if self._online else self._config_cost
-        self._acc_expected *= cfg.acceptance_decay
-        self._acc_accepted *= cfg.acceptance_decay
+        if sl is not None and n and int(np.minimum.reduce(sl)) < 0:
+            raise ValueError(f"BudgetController.plan: slots must be >= 0, got {int(sl.min())}")
         cap = None if mo is None else mo - out_len
         if n == 0:
+            self._acc_expected *= cfg.acceptance_decay
+            self._acc_accepted *= cfg.acceptance_decay
             return StepPlan(np.zeros(0, bool), np.zeros(0), keys, out_len, cap)
         if n > len(self._inf):
             self._grow(n)
@@ -700,6 +705,9 @@ class BudgetController:
             draft, weight, p, drafted, tails = self._plan_native(kernel, keys, out_len, r, mo, caps_arr, q, sl, replan,
                                                                  cost)
         else:
+            # (the native kernel checks these itself)
+            if not (np.minimum.reduce(out_len) >= 0.0 and (mo is None or np.minimum.reduce(mo) >= 0.0)):
+                raise ValueError("BudgetController.plan: output_len and max_output must be numbers >= 0 (no NaN)")
             if replan:
                 if r is None:
                     tau_obs = self._ones[:n]
@@ -727,6 +735,9 @@ class BudgetController:
                               cfg.draft_row_us / 1000.0, cfg.draft_margin)
             drafted = int(np.count_nonzero(draft))
             tails = int(np.count_nonzero(p >= 0.5))
+        # Only now (a rejected call changed nothing): the acceptance record fades once per step.
+        self._acc_expected *= cfg.acceptance_decay
+        self._acc_accepted *= cfg.acceptance_decay
         if replan:
             self._counters["replans"] += 1
             self._since_plan = 0
@@ -763,8 +774,9 @@ class BudgetController:
             self._grow(n)
         if caps is None:
             caps = self._caps16_i32[:n]
-        elif caps.dtype != np.int32:
-            caps = np.clip(caps, -1, 2**31 - 1).astype(np.int32)
+        elif caps.dtype != np.int32:  # any integer dtype: above MAX_CAP counts as MAX_CAP, as in gate_rows
+            caps = np.minimum(caps, MAX_CAP)
+            caps = (np.maximum(caps, -1) if caps.dtype.kind == "i" else caps).astype(np.int32)
         empty = self._no_f64
         if replan:
             table, _, pooled = self.lengths.gather(keys)
@@ -838,7 +850,8 @@ class BudgetController:
             ``int32 [m]``, ``0 <= kept[i] <=`` the row's draft length.
 
         Raises:
-            ValueError: shapes disagree or ``accept`` lies outside ``[0, 1]``.
+            ValueError: shapes disagree, ``rows`` outside the plan, or ``accept`` outside ``[0, 1]`` or NaN (nothing
+                counted).
         """
         accept = np.asarray(accept, dtype=np.float64)
         if rows is None:
@@ -854,6 +867,9 @@ class BudgetController:
         if m == 0:
             self.last_expected_kept = np.zeros(0)
             return np.zeros(0, np.int32)
+        if int(np.minimum.reduce(idx)) < 0 or int(np.maximum.reduce(idx)) >= len(plan.draft):
+            raise ValueError(f"BudgetController.cut: rows must index the plan's {len(plan.draft)} rows, got "
+                             f"[{int(idx.min())}, {int(idx.max())}]")
         cfg = self.config
         cost = self.cost if self._online else self._config_cost
         ratio = self.acceptance_ratio

@@ -23,7 +23,8 @@ def int32_array(a: np.ndarray | Sequence[int], name: str, n: int | None = None) 
     are: the engine step's hot path then converts nothing).
 
     Raises:
-        ValueError: ``a`` does not have ``n`` entries (when ``n`` is given) or holds values outside int32.
+        ValueError: ``a`` does not have ``n`` entries (when ``n`` is given), holds values outside int32, or (a float
+            or other non-integer array) values that are not whole numbers (NaN, inf, 9.7).
     """
     if type(a) is np.ndarray and a.dtype is _INT32 and a.ndim == 1 and a.flags.c_contiguous:
         # The hot path (vLLM's arrays, the Speculator's; several calls per engine step): attribute checks only, no
@@ -33,6 +34,9 @@ def int32_array(a: np.ndarray | Sequence[int], name: str, n: int | None = None) 
     else:
         arr = np.asarray(a).reshape(-1)
         if arr.dtype != np.int32:
+            whole = arr.dtype.kind in "iub" or not arr.size or (np.isfinite(arr).all() and (arr == np.round(arr)).all())
+            if not whole:
+                raise ValueError(f"step: {name} must hold integers, got {arr[~(arr == np.round(arr))][:3].tolist()}")
             if arr.size and (arr.min() < -TOKEN_LIMIT or arr.max() >= TOKEN_LIMIT):
                 raise ValueError(f"step: {name} must fit in int32, got values in [{arr.min()}, {arr.max()}]")
             arr = arr.astype(np.int32)

@@ -138,7 +138,48 @@ def test_plan_kernel_rejects_bad_slots_and_shapes():
         kernel(*args(np.array([0, 1, 5]), np.zeros(4)))
     with pytest.raises(ValueError, match="without slots every step must replan"):
         kernel(*args(i64, np.zeros(4)))
-    with pytest.raises(ValueError, match="caps must have 3 rows"):
+    with pytest.raises(ValueError, match="caps has 2 rows but out_len has 3"):
         kernel(*args(np.array([0, 1, 2]), np.zeros(4), caps=np.ones(2, np.int32)))
     makespan, drafted, tails = kernel(*args(np.array([0, 1, 2]), np.array([0.2, 0.3, 0.5, 0.0])))
     assert np.isnan(makespan) and tails == 0 and 0 <= drafted <= n
+
+
+def test_plan_kernel_outputs_must_be_the_callers_buffers_and_inputs_numbers():
+    """An output of another dtype or layout would be converted into a temporary and the result lost: rejected."""
+    kernel = native.load().controller_plan
+    n = 4
+    f64 = np.zeros(0)
+    base = dict(out_len=np.arange(n) * 10.0, rounds=f64, max_output=f64, caps=np.full(n, 8, np.int32),
+                q=np.full(n, 0.9), replan=True, table=np.tile(np.linspace(50, 400, 8), (n, 1)),
+                pooled=np.linspace(50, 400, 40), draws=np.full((4, 1, 8), 0.5), slots=np.arange(n),
+                slot_p=np.zeros(8), slot_epoch=np.full(8, -1, np.int64), epoch=1, params={},
+                draft=np.zeros(n, bool), weight=np.empty(n), p=np.empty(n), rem_mean=np.empty(n))
+    for name, bad in (("draft", np.zeros(2 * n, bool)[::2]), ("draft", np.zeros(n, np.int8)),
+                      ("p", np.empty(n, np.float32)), ("slot_epoch", np.full(8, -1, np.int32))):
+        with pytest.raises(TypeError):
+            kernel(**{**base, name: bad})
+    with pytest.raises(ValueError, match="row 2 has out_len nan"):
+        kernel(**{**base, "out_len": np.array([0.0, 1.0, np.nan, 3.0])})
+    _, drafted, _ = kernel(**base)
+    assert drafted == int(base["draft"].sum()) > 0  # written in place
+
+
+@pytest.mark.parametrize("backend", ["native", "python"])
+def test_plan_rejects_bad_input_before_changing_anything(backend):
+    ctl = BudgetController(ControllerConfig(cost_source="config", backend=backend))
+    ctl.observe(0, [100, 200, 300])
+    ctl.observe_acceptance(10.0, 5)
+    ratio = ctl.acceptance_ratio
+    keys = np.zeros(3, np.int64)
+    for kwargs in (dict(slots=np.array([0, 1, -1])), dict(output_len=np.array([1.0, np.nan, 2.0])),
+                   dict(max_output=np.array([50.0, -1.0, 50.0]))):
+        args = dict(problem_keys=keys, output_len=np.array([1, 2, 3]), slots=np.arange(3))
+        args.update(kwargs)
+        with pytest.raises(ValueError):
+            ctl.plan(**args)
+    assert ctl.acceptance_ratio == ratio and ctl.stats()["steps"] == 0
+    # caps of any integer dtype, huge ones included, agree with the default (MAX_CAP)
+    big = ctl.plan(keys, np.array([1, 2, 3]), caps=np.full(3, 2**40, np.int64), acceptance=np.full(3, 0.9))
+    u64 = ctl.plan(keys, np.array([1, 2, 3]), caps=np.full(3, 2**63, np.uint64), acceptance=np.full(3, 0.9))
+    std = ctl.plan(keys, np.array([1, 2, 3]), caps=np.full(3, 64, np.int32), acceptance=np.full(3, 0.9))
+    assert (big.draft == std.draft).all() and (u64.draft == std.draft).all()

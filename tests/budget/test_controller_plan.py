@@ -93,6 +93,9 @@ def test_cut_keeps_no_more_than_the_draft_and_validates():
         ctl.cut(plan, acc[:3])
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         ctl.cut(plan, acc * 2)
+    for rows in ([0, 1, -1], [0, 1, 8]):  # outside the plan's 8 rows: both backends, before anything is counted
+        with pytest.raises(ValueError, match="rows must index the plan's 8 rows"):
+            ctl.cut(plan, acc[:3], np.array(rows))
 
 
 @pytest.mark.parametrize("backend", ["native", "python"])

@@ -5,7 +5,9 @@ Conventions of every method:
 
 - Array arguments are borrowed for the call only (history tokens are copied before it returns); they must be
   C-contiguous numpy arrays on the CPU with exactly the dtype shown (``int32``, ``int64``, ``int8``, ``float64``).
-  Inputs are read-only (read-only arrays are accepted); outputs are caller-owned buffers that are filled in place.
+  Inputs are read-only (read-only arrays are accepted; other dtypes / layouts are converted to a temporary copy);
+  outputs are caller-owned buffers that are filled in place, so an output of another dtype or layout is rejected
+  (``TypeError``) rather than converted (its result would be lost in the copy).
 - Invalid input (wrong row counts, bad offsets, out-of-range configuration) raises ``ValueError`` with the values;
   an unknown or inactive slot raises ``KeyError``.
 - ``Drafter`` methods take the drafter's mutex (the ingest thread holds it while it ingests a deferred step); every

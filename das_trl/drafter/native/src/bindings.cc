@@ -80,6 +80,13 @@ void need_rows(const char* what, size_t got, size_t n) {
     throw das::InputError(std::string(what) + " must have " + std::to_string(n) + " rows, got " + std::to_string(got));
 }
 
+// Row counts that must match a reference array's (the message names both).
+void need_rows_like(const char* what, size_t got, const char* ref, size_t n) {
+  if (got != n)
+    throw das::InputError(std::string(what) + " has " + std::to_string(got) + " rows but " + ref + " has " +
+                          std::to_string(n));
+}
+
 // The controller kernels' settings from a dict (missing keys keep ControllerParams' defaults).
 das::ControllerParams controller_params(const nb::dict& params) {
   das::ControllerParams prm;
@@ -163,7 +170,8 @@ NB_MODULE(_das_native, m) {
                          lengths.data(), source.data(), match_len.data(), fill_idle);
              });
            },
-           "slots"_a, "budgets"_a, "tokens"_a, "accept"_a, "lengths"_a, "source"_a, "match_len"_a,
+           "slots"_a, "budgets"_a, "tokens"_a.noconvert(), "accept"_a.noconvert(), "lengths"_a.noconvert(),
+           "source"_a.noconvert(), "match_len"_a.noconvert(),
            "fill_idle"_a = true)
       .def("step",
            [](das::Drafter& d, nb::ndarray<const int32_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> matrix,
@@ -192,7 +200,8 @@ NB_MODULE(_das_native, m) {
              });
            },
            "matrix"_a, "slots"_a, "rows"_a, "num_tokens"_a, "num_prompt"_a, "num_sampled"_a, "num_verified"_a,
-           "budgets"_a, "tokens"_a, "accept"_a, "lengths"_a, "source"_a, "match_len"_a, "fill_idle"_a = true,
+           "budgets"_a, "tokens"_a.noconvert(), "accept"_a.noconvert(), "lengths"_a.noconvert(),
+           "source"_a.noconvert(), "match_len"_a.noconvert(), "fill_idle"_a = true,
            "release"_a = true)
       .def("release_ingest", &das::Drafter::release_ingest)
       .def("flush",
@@ -337,8 +346,9 @@ NB_MODULE(_das_native, m) {
             generated.data(), cap.data(), tau_obs.data(), static_cast<int64_t>(draws.shape(2)), draws.data(),
             static_cast<int64_t>(draws.shape(1)), prm, lengths.data(), value.data(), p.data(), expected_kept.data(), rem_mean.data());
       },
-      "accept"_a, "table"_a, "pooled"_a, "generated"_a, "cap"_a, "tau_obs"_a, "draws"_a, "params"_a, "lengths"_a,
-      "value"_a, "p"_a, "expected_kept"_a, "rem_mean"_a,
+      "accept"_a, "table"_a, "pooled"_a, "generated"_a, "cap"_a, "tau_obs"_a, "draws"_a, "params"_a,
+      "lengths"_a.noconvert(),
+      "value"_a.noconvert(), "p"_a.noconvert(), "expected_kept"_a.noconvert(), "rem_mean"_a.noconvert(),
       "Per-row draft budgets of one engine step (das_trl/budget/controller.py, BudgetController.budgets); see "
       "src/controller.h for shapes. Returns the expected makespan in rounds.");
 
@@ -353,9 +363,9 @@ NB_MODULE(_das_native, m) {
         for (auto [name, got] : {std::pair<const char*, size_t>{"table", table.shape(0)}, {"rows", rows.shape(0)},
                                  {"lengths", lengths.shape(0)}, {"value", value.shape(0)},
                                  {"expected_kept", expected_kept.shape(0)}})
-          need_rows(name, got, m);
-        need_rows("weight", weight.shape(0), n);
-        if (cap.shape(0)) need_rows("cap", cap.shape(0), n);
+          need_rows_like(name, got, "accept", m);
+        need_rows_like("weight", weight.shape(0), "generated", n);
+        if (cap.shape(0)) need_rows_like("cap", cap.shape(0), "generated", n);
         for (size_t i = 0; i < m; ++i)
           if (rows.data()[i] < 0 || static_cast<size_t>(rows.data()[i]) >= n)
             throw das::InputError("controller_cut: row " + std::to_string(rows.data()[i]) + " outside the plan's " +
@@ -375,7 +385,7 @@ NB_MODULE(_das_native, m) {
         return nb::make_tuple(r.kept_tokens, r.rows_drafting, r.offered, r.expected);
       },
       "accept"_a, "table"_a, "pooled"_a, "rows"_a, "generated"_a, "cap"_a, "draws"_a, "weight"_a, "params"_a,
-      "lengths"_a, "value"_a, "expected_kept"_a,
+      "lengths"_a.noconvert(), "value"_a.noconvert(), "expected_kept"_a.noconvert(),
       "The cut of a planned step for its drafted rows (das_trl/budget/controller.py, BudgetController.cut): kept "
       "draft tokens per row given each row's weight c_base * P_i; see src/controller.h. Returns (kept tokens, rows "
       "keeping a token, offered tokens, expected accepted tokens).");
@@ -391,11 +401,17 @@ NB_MODULE(_das_native, m) {
         for (auto [name, got] : {std::pair<const char*, size_t>{"caps", caps.shape(0)}, {"q", q.shape(0)},
                                  {"draft", draft.shape(0)}, {"weight", weight.shape(0)}, {"p", p.shape(0)},
                                  {"rem_mean", rem_mean.shape(0)}})
-          need_rows(name, got, n);
+          need_rows_like(name, got, "out_len", n);
         // rounds / max_output / slots: n rows, or none (0 rows)
         for (auto [name, got] : {std::pair<const char*, size_t>{"rounds", rounds.shape(0)},
                                  {"max_output", max_output.shape(0)}, {"slots", slots.shape(0)}})
-          if (got) need_rows(name, got, n);
+          if (got) need_rows_like(name, got, "out_len", n);
+        for (size_t i = 0; i < n; ++i)  // NaN fails both comparisons
+          if (!(out_len.data()[i] >= 0.0) || (max_output.shape(0) && !(max_output.data()[i] >= 0.0)))
+            throw das::InputError("controller_plan: row " + std::to_string(i) + " has out_len " +
+                                  std::to_string(out_len.data()[i]) + (max_output.shape(0) ? ", max_output " +
+                                  std::to_string(max_output.data()[i]) : std::string()) +
+                                  " (need numbers >= 0)");
         const bool has_slots = slots.shape(0) > 0;
         if (n && !has_slots && !replan) throw das::InputError("controller_plan: without slots every step must replan");
         if (slot_epoch.shape(0) != slot_p.shape(0))
@@ -424,7 +440,8 @@ NB_MODULE(_das_native, m) {
         return nb::make_tuple(r.makespan, r.drafted, r.tail_rows);
       },
       "out_len"_a, "rounds"_a, "max_output"_a, "caps"_a, "q"_a, "replan"_a, "table"_a, "pooled"_a, "draws"_a,
-      "slots"_a, "slot_p"_a, "slot_epoch"_a, "epoch"_a, "params"_a, "draft"_a, "weight"_a, "p"_a, "rem_mean"_a,
+      "slots"_a, "slot_p"_a.noconvert(), "slot_epoch"_a.noconvert(), "epoch"_a, "params"_a, "draft"_a.noconvert(),
+      "weight"_a.noconvert(), "p"_a.noconvert(), "rem_mean"_a.noconvert(),
       "BudgetController.plan after its replan decision (das_trl/budget/controller.py): tail probabilities (recomputed "
       "or renormalised from slot_p), the prior shrink, weights and the gate, in one call; see src/controller.h. "
       "Returns (expected makespan in rounds or nan, rows drafted, rows with P >= 0.5).");
@@ -459,7 +476,8 @@ NB_MODULE(_das_native, m) {
              return nb::make_tuple(o.verified_drafts, o.accepted, o.checked, o.expected);
            },
            "slots"_a, "num_sampled"_a, "verified"_a, "num_tokens"_a, "num_prompt"_a, "max_model_len"_a, "k"_a,
-           "key"_a, "out_len"_a, "rounds"_a, "max_output"_a, "caps"_a, "q"_a,
+           "key"_a.noconvert(), "out_len"_a.noconvert(), "rounds"_a.noconvert(), "max_output"_a.noconvert(),
+           "caps"_a.noconvert(), "q"_a.noconvert(),
            "Last step's verification, then the plan's inputs (written to the output arrays). Returns (verified "
            "drafts, accepted tokens, verified tokens, expected accepted tokens).")
       .def("finish",
@@ -486,8 +504,9 @@ NB_MODULE(_das_native, m) {
              nb::gil_scoped_acquire gil;
              return nb::make_tuple(f.drafts, f.draft_tokens);
            },
-           "slots"_a, "planned"_a, "drafting"_a, "kept"_a, "expected_kept"_a, "tokens"_a, "accept"_a, "lengths"_a,
-           "source"_a, "match_len"_a, "drafter"_a.none(),
+           "slots"_a, "planned"_a, "drafting"_a, "kept"_a, "expected_kept"_a, "tokens"_a.noconvert(),
+           "accept"_a.noconvert(), "lengths"_a.noconvert(),
+           "source"_a.noconvert(), "match_len"_a.noconvert(), "drafter"_a.none(),
            "After the drafter's step and the cut: records, the output cut in place and the drafter's trim. Returns "
            "(drafts, draft tokens) sent.")
       .def("ints", &das::RequestBook::ints, "which"_a)

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common.h"
+#include "speculate.h"
 
 namespace das {
 
@@ -275,9 +276,10 @@ PlanResult controller_plan(int64_t n, const double* out_len, const double* round
     weight[i] = prm.c_base_ms * p[i];
     const double qi = std::min(std::max(q[i], 0.0), 0.999), value = weight[i] + prm.c_tok_ms;
     bool ok = false;
-    if (caps[i] > 0 && value * qi / (1.0 - qi) > bound) {
+    const int32_t cap = std::min<int32_t>(caps[i], kMaxSpec);  // no draft is longer (MAX_SPEC_TOKENS)
+    if (cap > 0 && value * qi / (1.0 - qi) > bound) {
       double sd = 0.0;
-      for (int32_t d = 1; d <= caps[i] && !ok; ++d) {
+      for (int32_t d = 1; d <= cap && !ok; ++d) {
         sd += std::pow(qi, static_cast<double>(d));
         ok = value * sd > unit * static_cast<double>(d) + prm.draft_row_ms;
       }
