@@ -511,8 +511,6 @@ class BudgetController:
         shared = {"draft_margin": cfg.draft_margin, "pooled_weight": cfg.pooled_weight,
                   "length_jitter": cfg.length_jitter, "extrapolation_fraction": cfg.extrapolation_fraction,
                   "min_remaining": float(cfg.min_remaining)}
-        self._tail_params = {"ratio": 1.0, "tail_prior_weight": 0.0, "c_base_ms": 1.0, "c_tok_ms": 1.0, **shared}
-        del self._tail_params["draft_margin"]  # as before: the tail kernel call ran without it (no accept columns)
         self._cut_params = {"ratio": 1.0, "c_tok_ms": cfg.c_tok_ms, **shared}
         self._plan_params = {"tail_prior_weight": cfg.tail_prior_weight, "c_base_ms": cfg.c_base_ms,
                              "c_tok_ms": cfg.c_tok_ms, "draft_row_ms": cfg.draft_row_us / 1000.0, **shared}
@@ -524,9 +522,7 @@ class BudgetController:
                                "c_tok_ms": cfg.c_tok_ms, **shared}
         self._inf = np.full(0, np.inf)            # [>= n] inf (uncapped rows), sliced; never written
         self._ones = np.ones(0)                   # [>= n] 1.0 (tau_obs without num_rounds), sliced; never written
-        self._no_accept = np.zeros((0, 0))        # [>= n, 0] the tail kernel's accept, sliced
-        self._scratch_i32 = np.empty(0, np.int32)  # [>= n] kernel outputs this class does not read
-        self._scratch_f64 = np.empty((0, 0))      # [2, >= n] idem
+        self._scratch_f64 = np.empty((0, 0))      # [2, >= n] kernel outputs this class does not read
 
     # ------------------------------------------------------------------ inputs between steps
     def observe(self, problem_key: int, lengths) -> None:
@@ -582,8 +578,6 @@ class BudgetController:
         self._prior = np.full(size, cfg.gate_acceptance_prior)
         self._caps16 = np.full(size, 16, np.int64)
         self._caps16_i32 = np.full(size, 16, np.int32)
-        self._no_accept = np.zeros((size, 0))
-        self._scratch_i32 = np.empty(size, np.int32)
         self._scratch_f64 = np.empty((2, size))
 
     # ------------------------------------------------------------------ per step: plan, draft, cut
@@ -597,29 +591,14 @@ class BudgetController:
 
     def _tail(self, keys: np.ndarray, out_len: np.ndarray, cap: np.ndarray | None, tau_obs: np.ndarray) -> np.ndarray:
         """Probability that each row finishes last (normalised, before the prior shrink), from deterministic
-        stratified samples of the remaining lengths (:func:`stratified_draws`). ``float64 [n]``."""
+        stratified samples of the remaining lengths (:func:`stratified_draws`), in numpy: the reference of the
+        ``controller_plan`` kernel (:meth:`_plan_native`). ``float64 [n]``."""
         cfg = self.config
-        n = len(keys)
-        table, counts, pooled = self.lengths.gather(keys)  # float64, C-contiguous (the kernel's layout)
-        draws = self._stratified(n)
-        kernel = self._kernels.get("controller_budgets", _UNSET)
-        if kernel is _UNSET:
-            kernel = self._native_kernel()
-        if kernel is not None:
-            if n > len(self._inf):
-                self._grow(n)
-            p, rem_mean = np.empty(n), np.empty(n)
-            scratch = self._scratch_f64
-            # cap: a fresh float64 difference (plan / budgets); outputs other than p and rem_mean are not read.
-            makespan = kernel(self._no_accept[:n], table, pooled, out_len, self._inf[:n] if cap is None else cap,
-                              tau_obs, draws, self._tail_params, self._scratch_i32[:n], scratch[0, :n], p,
-                              scratch[1, :n], rem_mean)
-        else:
-            rem = remaining_samples(table, counts, pooled, out_len, cap, draws, cfg.num_samples, cfg.pooled_weight,
-                                    cfg.length_jitter, cfg.extrapolation_fraction, cfg.min_remaining)
-            p, makespan = tail_probability(rem / tau_obs[:, None])
-            rem_mean = rem.mean(axis=1)
-        self.last_expected_remaining = rem_mean
+        table, counts, pooled = self.lengths.gather(keys)
+        rem = remaining_samples(table, counts, pooled, out_len, cap, self._stratified(len(keys)), cfg.num_samples,
+                                cfg.pooled_weight, cfg.length_jitter, cfg.extrapolation_fraction, cfg.min_remaining)
+        p, makespan = tail_probability(rem / tau_obs[:, None])
+        self.last_expected_remaining = rem.mean(axis=1)
         self.last_expected_makespan = float(makespan)
         return p
 
@@ -769,9 +748,7 @@ class BudgetController:
         """:meth:`plan` after its replan decision in one native call (``controller_plan``: tail probabilities or the
         stored ones renormalised, the shrink, weights and :func:`gate_rows`; same arithmetic as the numpy path, so
         results agree up to the rounding of exp / log / pow). Returns ``(draft, weight, p, drafted, tail rows)``."""
-        n = len(keys)
-        if n > len(self._inf):
-            self._grow(n)
+        n = len(keys)  # plan() grew the sliced buffers to n already
         if caps is None:
             caps = self._caps16_i32[:n]
         elif caps.dtype != np.int32:  # any integer dtype: above MAX_CAP counts as MAX_CAP, as in gate_rows
