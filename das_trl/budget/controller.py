@@ -629,8 +629,8 @@ class BudgetController:
             :class:`StepPlan`.
 
         Raises:
-            ValueError: shapes disagree, a negative slot, or a negative / NaN output length or max output (nothing
-                changed).
+            ValueError: shapes disagree, a negative, fractional or (at a recomputation) repeated slot, an acceptance
+                outside ``[0, 1]`` or NaN, or a negative / NaN output length or max output (nothing changed).
         """
         keys = np.asarray(problem_keys, dtype=np.int64)
         if keys.ndim != 1:
@@ -645,7 +645,12 @@ class BudgetController:
         mo = None if max_output is None else np.asarray(max_output, dtype=np.float64)
         caps_arr = None if caps is None else np.asarray(caps)
         q = None if acceptance is None else np.asarray(acceptance, dtype=np.float64)
-        sl = None if slots is None else np.asarray(slots, dtype=np.int64)
+        sl = None if slots is None else np.asarray(slots)
+        if sl is not None and sl.dtype != np.int64:
+            as_int = sl.astype(np.int64)
+            if sl.dtype.kind not in "iu" and not np.array_equal(as_int, sl):  # 1.7 would silently be slot 1
+                raise ValueError("BudgetController.plan: slots must be whole numbers (one id per request)")
+            sl = as_int
         shape = (n,)
         if out_len.shape != shape or (r is not None and r.shape != shape) or (mo is not None and mo.shape != shape) \
                 or (caps_arr is not None and caps_arr.shape != shape) or (q is not None and q.shape != shape) \
@@ -659,6 +664,10 @@ class BudgetController:
         cost = self.cost if self._online else self._config_cost
         if sl is not None and n and int(np.minimum.reduce(sl)) < 0:
             raise ValueError(f"BudgetController.plan: slots must be >= 0, got {int(sl.min())}")
+        if q is not None and n and not (np.minimum.reduce(q) >= 0.0 and np.maximum.reduce(q) <= 1.0):
+            # NaN fails both: such a row was silently never drafted, a value above 1 counted as 0.999
+            raise ValueError(f"BudgetController.plan: acceptance must lie in [0, 1] (no NaN), got range "
+                             f"[{q.min()}, {q.max()}]")
         cap = None if mo is None else mo - out_len
         if n == 0:
             self._acc_expected *= cfg.acceptance_decay
@@ -673,6 +682,10 @@ class BudgetController:
             # A request not seen at the last computation (slot epochs never exceed the current epoch).
             if not replan:
                 replan = top >= len(self._slot_epoch) or int(np.minimum.reduce(self._slot_epoch[sl])) < self._epoch
+            # Two rows under one slot would overwrite each other's stored probability (checked where it is written).
+            if replan and n > 1 and int(np.maximum.reduce(np.bincount(sl))) > 1:
+                raise ValueError(f"BudgetController.plan: slots must be distinct (one per running request), got "
+                                 f"slot {int(np.bincount(sl).argmax())} more than once")
             if replan and top >= len(self._slot_p):
                 size = max(top + 1, 2 * len(self._slot_p), 64)
                 self._slot_p = np.concatenate([self._slot_p, np.zeros(size - len(self._slot_p))])

@@ -172,12 +172,19 @@ def test_plan_rejects_bad_input_before_changing_anything(backend):
     ratio = ctl.acceptance_ratio
     keys = np.zeros(3, np.int64)
     for kwargs in (dict(slots=np.array([0, 1, -1])), dict(output_len=np.array([1.0, np.nan, 2.0])),
-                   dict(max_output=np.array([50.0, -1.0, 50.0]))):
+                   dict(max_output=np.array([50.0, -1.0, 50.0])), dict(slots=np.array([0.0, 1.7, 2.0])),
+                   dict(slots=np.array([0.0, np.nan, 2.0])), dict(slots=np.array([4, 1, 4])),
+                   dict(acceptance=np.array([0.5, np.nan, 0.5])), dict(acceptance=np.array([0.5, 1.5, 0.5])),
+                   dict(acceptance=np.array([-0.1, 0.5, 0.5]))):
         args = dict(problem_keys=keys, output_len=np.array([1, 2, 3]), slots=np.arange(3))
         args.update(kwargs)
         with pytest.raises(ValueError):
             ctl.plan(**args)
     assert ctl.acceptance_ratio == ratio and ctl.stats()["steps"] == 0
+    # whole-number float slots are slots; the same plan as with integers
+    as_float = ctl.plan(keys, np.array([1, 2, 3]), slots=np.array([0.0, 1.0, 2.0]), acceptance=np.full(3, 0.9))
+    as_int = ctl.plan(keys, np.array([1, 2, 3]), slots=np.arange(3), acceptance=np.full(3, 0.9))
+    assert (as_float.draft == as_int.draft).all() and np.allclose(as_float.weight_ms, as_int.weight_ms)
     # caps of any integer dtype, huge ones included, agree with the default (MAX_CAP)
     big = ctl.plan(keys, np.array([1, 2, 3]), caps=np.full(3, 2**40, np.int64), acceptance=np.full(3, 0.9))
     u64 = ctl.plan(keys, np.array([1, 2, 3]), caps=np.full(3, 2**63, np.uint64), acceptance=np.full(3, 0.9))
