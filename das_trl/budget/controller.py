@@ -73,6 +73,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from statistics import NormalDist
 
 import numpy as np
 
@@ -82,6 +83,7 @@ from .length_table import LengthTable
 _COST_SOURCES = ("config", "online")
 _BACKENDS = ("auto", "native", "python")
 _UNSET = object()  # a native kernel not resolved yet
+_NORMAL = NormalDist()
 #: No draft is longer (the native core's MAX_SPEC_TOKENS): larger hard caps count as this in the gate.
 MAX_CAP = 64
 #: Pseudo-rounds at 1 token per round in a row's observed tokens-per-round estimate.
@@ -141,6 +143,13 @@ class ControllerConfig:
             ``replan_shrink``, ``always_plan_rows`` and ``cost_source="online"`` still force a plan as before.
         always_plan_rows: batches of at most this many rows are recomputed every step (the tail, where the
             decision matters most and the computation is cheapest).
+        tau_uncertainty: in :meth:`BudgetController.plan`'s tail probabilities, each sample's tokens per round is
+            drawn around the row's observed one with this factor on its standard error (:func:`tau_samples`); 0 (the
+            default): the observed one exactly. Replays at 1.0: mean time without CPU vs the best of none and suffix
+            0.946 -> 0.940 over the 24 suite points (t06 0.945 -> 0.916 at c_tok 0.025), but on AMC23 the gate then
+            drafts rows whose drafts the cut mostly drops (78 % at c_tok 0.1), and with the proposer's CPU counted
+            that set loses 0.8-1.2 % at c_tok 0.025 / 0.1: off until the gate stops speculating rows the cut drops
+            (docs/benchmarks.md, session 20). :meth:`BudgetController.budgets` (the single-call API) does not use it.
     """
 
     c_base_ms: float = 7.0
@@ -170,6 +179,7 @@ class ControllerConfig:
     replan_shrink: float = 0.125
     always_plan_rows: int = 32
     quiet_replan_max_steps: int = 64
+    tau_uncertainty: float = 0.0
 
     def __post_init__(self) -> None:
         def need(ok: bool, msg: str) -> None:
@@ -209,6 +219,8 @@ class ControllerConfig:
         need(0.0 <= self.replan_shrink < 1.0, f"replan_shrink must be in [0, 1), got {self.replan_shrink}")
         need(isinstance(self.always_plan_rows, int) and self.always_plan_rows >= 0,
              f"always_plan_rows must be an int >= 0, got {self.always_plan_rows!r}")
+        need(math.isfinite(self.tau_uncertainty) and self.tau_uncertainty >= 0.0,
+             f"tau_uncertainty must be a finite number >= 0, got {self.tau_uncertainty}")
         need(isinstance(self.quiet_replan_max_steps, int) and not isinstance(self.quiet_replan_max_steps, bool)
              and self.quiet_replan_max_steps >= 0,
              f"quiet_replan_max_steps must be an int >= 0, got {self.quiet_replan_max_steps!r}")
@@ -283,6 +295,45 @@ def stratified_draws(n: int, num_samples: int) -> np.ndarray:
         orders = [np.arange(s), np.arange(s)[::-1], np.roll(np.arange(s), s // 2), np.roll(np.arange(s)[::-1], s // 3)]
     rows = np.stack([base[o] for o in orders])  # [4, S]
     return np.ascontiguousarray(np.broadcast_to(rows[:, None, :], (4, n, s)))
+
+
+def tau_quantiles(num_samples: int) -> np.ndarray:
+    """``float64 [S]`` standard normal quantiles at ``(t + 1/2) / S``, in an order (``7 t + 2 mod S``) unrelated to
+    the four of :func:`stratified_draws`, so a sample's tokens per round is not tied to its remaining length."""
+    s = int(num_samples)
+    order = (np.arange(s) * 7 + 2) % s if math.gcd(7, s) == 1 else np.arange(s)[::-1]
+    z = np.array([_NORMAL.inv_cdf((t + 0.5) / s) for t in order])
+    z.flags.writeable = False
+    return z
+
+
+def tau_samples(tau_obs: np.ndarray, rounds: np.ndarray, rem_mean: np.ndarray, z: np.ndarray,
+                uncertainty: float = 1.0) -> np.ndarray:
+    """Sampled tokens per round of each row for its remaining rounds: ``float64 [n, S]``, each ``>= 1``.
+
+    A row's tokens per round so far (``tau_obs``) is a mean of a few noisy rounds, and its remaining rounds will
+    average out to something else again: a row drafting at modest acceptance may finish well before or after its
+    expected round. Its samples are ``tau_obs * exp(sd / tau_obs * z)``, log-normal with standard deviation
+    ``sd = uncertainty * sqrt(max(tau_obs - 1, 0) + 1/4) * sqrt(1 / (rounds + 4) + 1 / max(rem_mean / tau_obs, 1))``:
+    the per-round spread of the tokens a round emits (about ``tau - 1`` for geometric acceptance; a quarter of a
+    token at least), over the rounds seen (with the estimate's 4 pseudo-rounds) and the rounds still to come. Without
+    it every row keeps its observed speed exactly, and a crowd of requests cut at the same ``max_tokens`` lands in the
+    same bin of :func:`tail_probability`'s histogram and shares the tail probability equally, whatever their speeds;
+    with it, the rows that are slower (or whose speed is less certain) get more of it (replays: docs/benchmarks.md,
+    session 20; off by default: ``ControllerConfig.tau_uncertainty``).
+
+    Args:
+        tau_obs: ``float64 [n]`` observed tokens per round (``>= 1``).
+        rounds: ``[n]`` verification rounds so far.
+        rem_mean: ``float64 [n]`` mean sampled remaining tokens.
+        z: ``float64 [S]`` standard normal quantiles (:func:`tau_quantiles`).
+        uncertainty: the factor on ``sd`` (0: exactly ``tau_obs``).
+    """
+    tau_obs = np.asarray(tau_obs, dtype=np.float64)
+    seen = np.maximum(np.asarray(rounds, dtype=np.float64), 0.0) + _TAU_PSEUDO_ROUNDS
+    ahead = np.maximum(rem_mean / tau_obs, 1.0)
+    sd = uncertainty * np.sqrt(np.maximum(tau_obs - 1.0, 0.0) + 0.25) * np.sqrt(1.0 / seen + 1.0 / ahead)
+    return np.maximum(tau_obs[:, None] * np.exp((sd / tau_obs)[:, None] * z[None, :]), 1.0)
 
 
 def gate_rows(weight_ms: np.ndarray, q: np.ndarray, caps: np.ndarray, c_tok_ms: float, draft_row_ms: float,
@@ -513,9 +564,12 @@ class BudgetController:
                   "min_remaining": float(cfg.min_remaining)}
         self._cut_params = {"ratio": 1.0, "c_tok_ms": cfg.c_tok_ms, **shared}
         self._plan_params = {"tail_prior_weight": cfg.tail_prior_weight, "c_base_ms": cfg.c_base_ms,
-                             "c_tok_ms": cfg.c_tok_ms, "draft_row_ms": cfg.draft_row_us / 1000.0, **shared}
+                             "c_tok_ms": cfg.c_tok_ms, "draft_row_ms": cfg.draft_row_us / 1000.0,
+                             "tau_uncertainty": cfg.tau_uncertainty, **shared}
         # The stratified draws are the same for every row: the kernels take them once ([4, 1, S]), not per row.
         self._shared_draws = stratified_draws(1, cfg.num_samples)
+        # plan(): one standard normal quantile per sample for the tokens-per-round uncertainty (empty: off).
+        self._tau_z = tau_quantiles(cfg.num_samples) if cfg.tau_uncertainty > 0 else np.zeros(0)
         self._no_f64, self._no_i64 = np.zeros(0), np.zeros(0, np.int64)
         self._no_table = np.zeros((0, 1))
         self._budget_params = {"ratio": 1.0, "tail_prior_weight": cfg.tail_prior_weight, "c_base_ms": cfg.c_base_ms,
@@ -589,16 +643,24 @@ class BudgetController:
             draws = self._draws[n] = stratified_draws(n, self.config.num_samples)
         return draws
 
-    def _tail(self, keys: np.ndarray, out_len: np.ndarray, cap: np.ndarray | None, tau_obs: np.ndarray) -> np.ndarray:
+    def _tail(self, keys: np.ndarray, out_len: np.ndarray, cap: np.ndarray | None, tau_obs: np.ndarray,
+              rounds: np.ndarray | None = None) -> np.ndarray:
         """Probability that each row finishes last (normalised, before the prior shrink), from deterministic
-        stratified samples of the remaining lengths (:func:`stratified_draws`), in numpy: the reference of the
-        ``controller_plan`` kernel (:meth:`_plan_native`). ``float64 [n]``."""
+        stratified samples of the remaining lengths (:func:`stratified_draws`) and, with ``tau_uncertainty``, of the
+        tokens per round (:func:`tau_samples`), in numpy: the reference of the ``controller_plan`` kernel
+        (:meth:`_plan_native`). ``rounds``: verification rounds so far (``None``: ``out_len``, 1 token per round).
+        ``float64 [n]``."""
         cfg = self.config
         table, counts, pooled = self.lengths.gather(keys)
         rem = remaining_samples(table, counts, pooled, out_len, cap, self._stratified(len(keys)), cfg.num_samples,
                                 cfg.pooled_weight, cfg.length_jitter, cfg.extrapolation_fraction, cfg.min_remaining)
-        p, makespan = tail_probability(rem / tau_obs[:, None])
-        self.last_expected_remaining = rem.mean(axis=1)
+        rem_mean = rem.mean(axis=1)
+        if cfg.tau_uncertainty > 0:
+            tau = tau_samples(tau_obs, out_len if rounds is None else rounds, rem_mean, self._tau_z, cfg.tau_uncertainty)
+        else:
+            tau = tau_obs[:, None]
+        p, makespan = tail_probability(rem / tau)
+        self.last_expected_remaining = rem_mean
         self.last_expected_makespan = float(makespan)
         return p
 
@@ -647,7 +709,8 @@ class BudgetController:
         q = None if acceptance is None else np.asarray(acceptance, dtype=np.float64)
         sl = None if slots is None else np.asarray(slots)
         if sl is not None and sl.dtype != np.int64:
-            as_int = sl.astype(np.int64)
+            with np.errstate(invalid="ignore"):  # NaN casts to INT_MIN: rejected just below
+                as_int = sl.astype(np.int64)
             if sl.dtype.kind not in "iu" and not np.array_equal(as_int, sl):  # 1.7 would silently be slot 1
                 raise ValueError("BudgetController.plan: slots must be whole numbers (one id per request)")
             sl = as_int
@@ -707,7 +770,7 @@ class BudgetController:
                     tau_obs = out_len + _TAU_PSEUDO_ROUNDS
                     tau_obs /= r + _TAU_PSEUDO_ROUNDS
                     np.maximum(tau_obs, 1.0, out=tau_obs)
-                p = self._tail(keys, out_len, cap, tau_obs)
+                p = self._tail(keys, out_len, cap, tau_obs, r)
                 if sl is not None:
                     self._slot_p[sl] = p
                     self._slot_epoch[sl] = self._epoch + 1
@@ -780,7 +843,7 @@ class BudgetController:
         makespan, drafted, tails = kernel(
             out_len, empty if r is None else r, empty if mo is None else mo, caps, self._prior[:n] if q is None else q,
             replan, table, pooled, self._shared_draws, self._no_i64 if sl is None else sl, self._slot_p,
-            self._slot_epoch, self._epoch + 1, params, draft, weight, p, rem_mean)
+            self._slot_epoch, self._epoch + 1, self._tau_z, params, draft, weight, p, rem_mean)
         if replan:
             self.last_expected_remaining = rem_mean
             self.last_expected_makespan = float(makespan)

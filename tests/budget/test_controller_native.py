@@ -84,7 +84,8 @@ def test_native_plan_equals_the_numpy_reference_over_steps(c_tok):
     rows = same = replans = 0
     for trial in range(6):
         cfg = dict(c_tok_ms=c_tok, draft_row_us=float(rng.choice([0.0, 20.0])), replan_steps=4, always_plan_rows=4,
-                   tail_prior_weight=float(rng.choice([0.0, 0.25])), draft_margin=float(rng.choice([0.0, 0.5])))
+                   tail_prior_weight=float(rng.choice([0.0, 0.25])), draft_margin=float(rng.choice([0.0, 0.5])),
+                   tau_uncertainty=[0.0, 1.0, 2.5][trial % 3])
         ref, nat = _pair(trial, **cfg)
         assert nat._native_kernel("controller_plan") is not None and ref._native_kernel("controller_plan") is None
         problems = int(rng.integers(1, 12))
@@ -133,7 +134,7 @@ def test_plan_kernel_rejects_bad_slots_and_shapes():
     f64, i64 = np.zeros(0), np.zeros(0, np.int64)
     args = lambda slots, slot_p, replan=False, caps=np.ones(n, np.int32): (  # noqa: E731
         np.ones(n), f64, f64, caps, np.full(n, 0.5), replan, np.zeros((0, 1)), f64, np.full((4, 1, 8), 0.5), slots,
-        slot_p, np.zeros(len(slot_p), np.int64), 1, {}, np.empty(n, bool), np.empty(n), np.empty(n), np.empty(n))
+        slot_p, np.zeros(len(slot_p), np.int64), 1, f64, {}, np.empty(n, bool), np.empty(n), np.empty(n), np.empty(n))
     with pytest.raises(ValueError, match=r"slot 5 outside \[0, 4\)"):
         kernel(*args(np.array([0, 1, 5]), np.zeros(4)))
     with pytest.raises(ValueError, match="without slots every step must replan"):
@@ -152,7 +153,7 @@ def test_plan_kernel_outputs_must_be_the_callers_buffers_and_inputs_numbers():
     base = dict(out_len=np.arange(n) * 10.0, rounds=f64, max_output=f64, caps=np.full(n, 8, np.int32),
                 q=np.full(n, 0.9), replan=True, table=np.tile(np.linspace(50, 400, 8), (n, 1)),
                 pooled=np.linspace(50, 400, 40), draws=np.full((4, 1, 8), 0.5), slots=np.arange(n),
-                slot_p=np.zeros(8), slot_epoch=np.full(8, -1, np.int64), epoch=1, params={},
+                slot_p=np.zeros(8), slot_epoch=np.full(8, -1, np.int64), epoch=1, tau_z=np.zeros(0), params={},
                 draft=np.zeros(n, bool), weight=np.empty(n), p=np.empty(n), rem_mean=np.empty(n))
     for name, bad in (("draft", np.zeros(2 * n, bool)[::2]), ("draft", np.zeros(n, np.int8)),
                       ("p", np.empty(n, np.float32)), ("slot_epoch", np.full(8, -1, np.int32))):

@@ -5,7 +5,8 @@ recomputations. Fast."""
 import numpy as np
 import pytest
 
-from das_trl.budget.controller import BudgetController, ControllerConfig, gate_rows, stratified_draws
+from das_trl.budget.controller import (BudgetController, ControllerConfig, gate_rows, stratified_draws, tau_quantiles,
+                                       tau_samples)
 from das_trl.drafter import native
 
 
@@ -237,3 +238,40 @@ def test_quiet_replan_max_steps_is_validated():
     for bad in (-1, 2.5, True, "64"):
         with pytest.raises(ValueError, match="quiet_replan_max_steps"):
             ControllerConfig(quiet_replan_max_steps=bad)
+
+
+def test_tau_samples_spread_shrinks_with_evidence_and_never_goes_below_one_token():
+    z = tau_quantiles(32)
+    assert sorted(z) == pytest.approx(sorted(-z)) and abs(float(np.median(z))) < 0.05  # symmetric quantiles
+    tau = np.array([1.0, 2.0, 2.0, 2.0])
+    rounds = np.array([10.0, 4.0, 400.0, 400.0])
+    rem_mean = np.array([200.0, 200.0, 200.0, 20000.0])
+    got = tau_samples(tau, rounds, rem_mean, z, 1.0)
+    assert got.shape == (4, 32) and got.min() >= 1.0
+    spread = np.log(got).std(axis=1)
+    assert spread[1] > spread[2] > spread[3] > 0  # fewer rounds seen or to come: less certain of the speed
+    np.testing.assert_allclose(np.exp(np.log(got[1:]).mean(axis=1)), 2.0, rtol=1e-9)  # centred (log) on tau_obs
+    np.testing.assert_array_equal(tau_samples(tau, rounds, rem_mean, z, 0.0), np.broadcast_to(tau[:, None], (4, 32)))
+
+
+def test_tau_uncertainty_spreads_the_tail_over_a_crowd_cut_at_the_same_length():
+    """Rows that must all reach the same max_tokens, one a little slower so far: with the observed speed taken as
+    exact, their rounds to finish fall in the same bin of the tail histogram and they share equally; with the speed's
+    uncertainty the slower row gets the largest share and the others keep one."""
+    keys = np.zeros(6, np.int64)
+    out_len = np.full(6, 100)
+    rounds = np.array([56, 52, 52, 52, 52, 52])  # row 0 has emitted the fewest tokens per round
+    probs = []
+    for u in (0.0, 1.0):
+        ctl = BudgetController(ControllerConfig(tau_uncertainty=u, tail_prior_weight=0.0, length_jitter=0.0))
+        ctl.observe(0, [400] * 8)
+        ctl.plan(keys, out_len, rounds, np.full(6, 400), acceptance=np.full(6, 0.5))
+        probs.append(ctl.last_tail_prob.copy())
+    np.testing.assert_allclose(probs[0], 1 / 6)
+    assert probs[1][0] > 2 * probs[1][1:].max() and probs[1][1:].min() > 0.05
+    for backend in ("native", "python") if native.available() else ("python",):  # the kernel agrees
+        ctl = BudgetController(ControllerConfig(tau_uncertainty=1.0, tail_prior_weight=0.0, length_jitter=0.0,
+                                                backend=backend))
+        ctl.observe(0, [400] * 8)
+        ctl.plan(keys, out_len, rounds, np.full(6, 400), acceptance=np.full(6, 0.5))
+        np.testing.assert_allclose(ctl.last_tail_prob, probs[1], rtol=1e-9)

@@ -304,7 +304,8 @@ def controller_cut(accept: _F64, table: _F64, pooled: _F64, rows: _I64, generate
 
 def controller_plan(out_len: _F64, rounds: _F64, max_output: _F64, caps: _I32, q: _F64, replan: bool, table: _F64,
                     pooled: _F64, draws: _F64, slots: _I64, slot_p: _F64, slot_epoch: _I64, epoch: int,
-                    params: dict[str, Any], draft: _B, weight: _F64, p: _F64, rem_mean: _F64) -> tuple[float, int, int]:
+                    tau_z: _F64, params: dict[str, Any], draft: _B, weight: _F64, p: _F64,
+                    rem_mean: _F64) -> tuple[float, int, int]:
     """``BudgetController.plan`` after its replan decision, in one call: the tail probabilities (recomputed with
     ``replan``, else each request's stored one renormalised over the batch), the prior shrink, each row's weight
     ``c_base * P_i`` and the gate (``gate_rows``: rows whose predicted acceptance can pay for their verification and
@@ -322,7 +323,9 @@ def controller_plan(out_len: _F64, rounds: _F64, max_output: _F64, caps: _I32, q
             required).
         slot_p / slot_epoch: in/out, ``float64[S]`` / ``int64[S]`` each slot's stored probability and the epoch it was
             computed in (written with ``replan``, as ``epoch``).
-        params: as :func:`controller_budgets` plus ``draft_row_ms`` (missing: defaults).
+        tau_z: ``float64[samples]`` standard normal quantiles, one per sample: each sample's tokens per round is
+            then uncertain (``params["tau_uncertainty"]``; ``BudgetController._tau_samples``); ``[0]``: exact.
+        params: as :func:`controller_budgets` plus ``draft_row_ms`` and ``tau_uncertainty`` (missing: defaults).
         draft: out, ``bool[n]`` rows to draft.
         weight: out, ``float64[n]`` ``c_base * P_i`` (ms).
         p: out, ``float64[n]`` probability of finishing last (shrunk).

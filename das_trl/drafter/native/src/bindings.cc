@@ -101,6 +101,8 @@ das::ControllerParams controller_params(const nb::dict& params) {
   prm.min_remaining = get<double>(params, "min_remaining", prm.min_remaining);
   prm.bins = get<int>(params, "bins", prm.bins);
   prm.draft_row_ms = get<double>(params, "draft_row_ms", prm.draft_row_ms);
+  prm.tau_uncertainty = get<double>(params, "tau_uncertainty", prm.tau_uncertainty);
+  if (!(prm.tau_uncertainty >= 0.0)) throw das::InputError("tau_uncertainty must be >= 0");
   if (prm.bins < 1) throw das::InputError("bins must be >= 1");
   return prm;
 }
@@ -395,8 +397,8 @@ NB_MODULE(_das_native, m) {
       [](In1<double> out_len, In1<double> rounds, In1<double> max_output, In1<int32_t> caps, In1<double> q,
          bool replan, nb::ndarray<const double, nb::ndim<2>, nb::c_contig, nb::device::cpu> table, In1<double> pooled,
          nb::ndarray<const double, nb::ndim<3>, nb::c_contig, nb::device::cpu> draws, In1<int64_t> slots,
-         Out1<double> slot_p, Out1<int64_t> slot_epoch, int64_t epoch, const nb::dict& params, Out1<bool> draft,
-         Out1<double> weight, Out1<double> p, Out1<double> rem_mean) {
+         Out1<double> slot_p, Out1<int64_t> slot_epoch, int64_t epoch, In1<double> tau_z, const nb::dict& params,
+         Out1<bool> draft, Out1<double> weight, Out1<double> p, Out1<double> rem_mean) {
         const size_t n = out_len.shape(0);
         for (auto [name, got] : {std::pair<const char*, size_t>{"caps", caps.shape(0)}, {"q", q.shape(0)},
                                  {"draft", draft.shape(0)}, {"weight", weight.shape(0)}, {"p", p.shape(0)},
@@ -424,6 +426,9 @@ NB_MODULE(_das_native, m) {
         if (replan) {
           need_rows("table", table.shape(0), n);
           check_samples(n, table.shape(1), draws.shape(0), draws.shape(1), draws.shape(2));
+          if (tau_z.shape(0) && tau_z.shape(0) != draws.shape(2))
+            throw das::InputError("controller_plan: tau_z has " + std::to_string(tau_z.shape(0)) +
+                                  " entries but draws has " + std::to_string(draws.shape(2)) + " samples");
         }
         const das::ControllerParams prm = controller_params(params);
         das::PlanResult r;
@@ -434,13 +439,15 @@ NB_MODULE(_das_native, m) {
               max_output.shape(0) ? max_output.data() : nullptr, caps.data(), q.data(), replan,
               static_cast<int64_t>(table.shape(1)), table.data(), static_cast<int64_t>(pooled.shape(0)),
               pooled.data(), static_cast<int64_t>(draws.shape(2)), draws.data(), static_cast<int64_t>(draws.shape(1)),
-              has_slots ? slots.data() : nullptr, slot_p.data(), slot_epoch.data(), epoch, prm,
+              has_slots ? slots.data() : nullptr, slot_p.data(), slot_epoch.data(), epoch,
+              tau_z.shape(0) ? tau_z.data() : nullptr, prm,
               reinterpret_cast<uint8_t*>(draft.data()), weight.data(), p.data(), rem_mean.data());
         }
         return nb::make_tuple(r.makespan, r.drafted, r.tail_rows);
       },
       "out_len"_a, "rounds"_a, "max_output"_a, "caps"_a, "q"_a, "replan"_a, "table"_a, "pooled"_a, "draws"_a,
-      "slots"_a, "slot_p"_a.noconvert(), "slot_epoch"_a.noconvert(), "epoch"_a, "params"_a, "draft"_a.noconvert(),
+      "slots"_a, "slot_p"_a.noconvert(), "slot_epoch"_a.noconvert(), "epoch"_a, "tau_z"_a, "params"_a,
+      "draft"_a.noconvert(),
       "weight"_a.noconvert(), "p"_a.noconvert(), "rem_mean"_a.noconvert(),
       "BudgetController.plan after its replan decision (das_trl/budget/controller.py): tail probabilities (recomputed "
       "or renormalised from slot_p), the prior shrink, weights and the gate, in one call; see src/controller.h. "

@@ -111,14 +111,16 @@ void cut_row(int64_t i, int64_t k, int64_t s, const double* accept, const double
 
 // tail_probability: p [n] (normalised, before the prior shrink) from sampled remaining lengths rem [n, s] divided by
 // tau_obs [n] (rounds): per-row histograms over `bins` log-spaced bins. Returns the expected makespan in rounds.
-double tail_from_samples(int64_t n, int64_t s, const double* rem, const double* tau_obs, int bins, double* p) {
+// tau: [n] one tokens-per-round per row, or (per_sample) [n, s] one per sample.
+double tail_from_samples(int64_t n, int64_t s, const double* rem, const double* tau, bool per_sample, int bins,
+                         double* p) {
   double makespan = 0.0;
   std::vector<double> x(static_cast<size_t>(n * s));
   double top = 0.0;
   for (int64_t t = 0; t < s; ++t) {
     double mx = -1.0;
     for (int64_t i = 0; i < n; ++i) {
-      const double rounds = rem[i * s + t] / tau_obs[i];
+      const double rounds = rem[i * s + t] / (per_sample ? tau[i * s + t] : tau[i]);
       mx = std::max(mx, rounds);
       const double xv = std::log1p(std::max(rounds, 0.0));
       x[i * s + t] = xv;
@@ -198,7 +200,7 @@ double controller_budgets(int64_t n, int64_t k, const double* accept, int64_t w,
   if (n <= 0) return 0.0;
   std::vector<double> rem(static_cast<size_t>(n * s));
   sample_remaining(n, w, table, m, pooled, generated, cap, s, draws, draw_rows, prm, rem.data(), rem_mean);
-  const double makespan = tail_from_samples(n, s, rem.data(), tau_obs, prm.bins, p);
+  const double makespan = tail_from_samples(n, s, rem.data(), tau_obs, false, prm.bins, p);
   const double tw = prm.tail_prior_weight;
   for (int64_t i = 0; i < n; ++i) p[i] = (1.0 - tw) * p[i] + tw / static_cast<double>(n);
   std::vector<int32_t> hist(static_cast<size_t>(k + 2));
@@ -241,8 +243,8 @@ PlanResult controller_plan(int64_t n, const double* out_len, const double* round
                            const int32_t* caps, const double* q, bool replan, int64_t w, const double* table,
                            int64_t m, const double* pooled, int64_t s, const double* draws, int64_t draw_rows,
                            const int64_t* slots, double* slot_p, int64_t* slot_epoch, int64_t epoch,
-                           const ControllerParams& prm, uint8_t* draft, double* weight, double* p,
-                           double* rem_mean) {
+                           const double* tau_z, const ControllerParams& prm, uint8_t* draft, double* weight,
+                           double* p, double* rem_mean) {
   PlanResult res{std::nan(""), 0, 0};
   if (n <= 0) return res;
   if (replan) {
@@ -254,7 +256,22 @@ PlanResult controller_plan(int64_t n, const double* out_len, const double* round
     }
     std::vector<double> rem(static_cast<size_t>(n * s));
     sample_remaining(n, w, table, m, pooled, out_len, cap.data(), s, draws, draw_rows, prm, rem.data(), rem_mean);
-    res.makespan = tail_from_samples(n, s, rem.data(), tau.data(), prm.bins, p);
+    if (prm.tau_uncertainty > 0.0 && tau_z) {
+      // Each sample's tokens per round is uncertain too (plan(): _tau_samples): log-normal around tau_obs with the
+      // spread of a mean over the rounds seen and the rounds still to come.
+      std::vector<double> tau_s(static_cast<size_t>(n * s));
+      for (int64_t i = 0; i < n; ++i) {
+        const double seen = rounds ? rounds[i] : out_len[i];
+        const double ahead = std::max(rem_mean[i] / tau[i], 1.0);
+        const double sd = prm.tau_uncertainty * std::sqrt(std::max(tau[i] - 1.0, 0.0) + 0.25) *
+                          std::sqrt(1.0 / (std::max(seen, 0.0) + kTauPseudoRounds) + 1.0 / ahead);
+        for (int64_t t = 0; t < s; ++t)
+          tau_s[i * s + t] = std::max(tau[i] * std::exp(sd / tau[i] * tau_z[t]), 1.0);
+      }
+      res.makespan = tail_from_samples(n, s, rem.data(), tau_s.data(), true, prm.bins, p);
+    } else {
+      res.makespan = tail_from_samples(n, s, rem.data(), tau.data(), false, prm.bins, p);
+    }
     if (slots)
       for (int64_t i = 0; i < n; ++i) {
         slot_p[slots[i]] = p[i];

@@ -21,6 +21,7 @@ struct ControllerParams {
   double min_remaining = 16.0;
   int bins = 64;
   double draft_row_ms = 0.0;     // the proposer's CPU per drafted row (ControllerConfig.draft_row_us / 1000)
+  double tau_uncertainty = 0.0;  // ControllerConfig.tau_uncertainty (controller_plan only; 0: tau_obs exact)
 };
 
 // Pseudo-rounds at 1 token per round in a row's observed tokens per round (controller.py _TAU_PSEUDO_ROUNDS).
@@ -64,13 +65,16 @@ CutResult controller_cut(int64_t m_rows, int64_t k, const double* accept, int64_
 // slot_p / slot_epoch (at slots[i], with `epoch`; slots null: not stored); without it, each row's stored probability
 // renormalised over the batch (slots required). Then the prior shrink, weight = c_base * P and gate_rows (q [n]
 // predicted per-token acceptance, caps [n] hard draft caps, prm.draft_row_ms). Outputs [n]: draft (0/1), weight
-// (ms), p (shrunk), rem_mean (mean sampled remaining tokens; written only with `replan`). The caller checks shapes
-// and that every slot indexes slot_p / slot_epoch.
+// (ms), p (shrunk), rem_mean (mean sampled remaining tokens; written only with `replan`). With
+// prm.tau_uncertainty > 0 and tau_z [s] (standard normal quantiles, one per sample; null: off), each sample's tokens
+// per round is tau_obs * exp(sd / tau_obs * tau_z[t]), at least 1, sd = tau_uncertainty * sqrt(max(tau_obs - 1, 0) +
+// 1/4) * sqrt(1 / (rounds + 4) + 1 / max(rem_mean / tau_obs, 1)) (controller.py, _tau_samples). The caller checks
+// shapes and that every slot indexes slot_p / slot_epoch.
 PlanResult controller_plan(int64_t n, const double* out_len, const double* rounds, const double* max_output,
                            const int32_t* caps, const double* q, bool replan, int64_t w, const double* table,
                            int64_t m, const double* pooled, int64_t s, const double* draws, int64_t draw_rows,
                            const int64_t* slots, double* slot_p, int64_t* slot_epoch, int64_t epoch,
-                           const ControllerParams& prm, uint8_t* draft, double* weight, double* p,
-                           double* rem_mean);
+                           const double* tau_z, const ControllerParams& prm, uint8_t* draft, double* weight,
+                           double* p, double* rem_mean);
 
 }  // namespace das
