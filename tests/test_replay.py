@@ -260,7 +260,7 @@ def test_large_low_acceptance_batch_drafts_nothing_until_it_drains_to_the_long_r
     # most of those steps skip the plan too (BudgetController.quiet_step): only recomputations and new requests plan
     assert res.counters["quiet_steps"] >= len(large) // 2, (res.counters["quiet_steps"], len(large))
     # ... and as the batch drains to the four long requests, they are drafted
-    assert running[-10:] == [4] * 10
+    assert running[-10] == 4 and all(1 <= b <= 4 for b in running[-10:])  # the long ones may end a step apart
     assert all(s > 0 for s in speculated[-10:-1]), speculated[-10:]
     assert res.counters["speculated_rows"] > 0
 

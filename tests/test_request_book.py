@@ -18,8 +18,9 @@ pytestmark = pytest.mark.skipif(not native.available(), reason="the native core 
 K = 8
 
 
-def _books():
-    return RequestBook(0.4, 3.0, capacity=4), NativeRequestBook(native.load(), 0.4, 3.0)
+def _books(send_rounds: float = 2.0):
+    return (RequestBook(0.4, 3.0, capacity=4, send_rounds=send_rounds),
+            NativeRequestBook(native.load(), 0.4, 3.0, send_rounds))
 
 
 def _records(book):
@@ -35,12 +36,15 @@ def _same_records(ref, nat):
         assert np.array_equal(a[name][:n], b[name]), name
     assert not a["key"][n:].any()  # the reference's spare capacity is unused
     assert ref.global_hits == nat.global_hits and ref.global_misses == nat.global_misses
+    assert ref.global_speculated == nat.global_speculated and ref.global_sent_steps == nat.global_sent_steps
 
 
-def test_calls_agree_bit_for_bit_on_random_steps():
+@pytest.mark.parametrize("send_rounds", [2.0, 0.0])
+def test_calls_agree_bit_for_bit_on_random_steps(send_rounds):
     """Random batches over 40 slots, 300 steps: begin / prepare / finish give the same results and records."""
     rng = np.random.default_rng(7)
-    ref, nat = _books()
+    ref, nat = _books(send_rounds)
+    sends = []
     for slot in range(40):
         key, max_out, dslot = int(rng.integers(0, 2**62)), int(rng.integers(1, 5000)), int(rng.integers(-1, 99))
         ref.reset(slot, key, max_out, dslot)
@@ -62,6 +66,7 @@ def test_calls_agree_bit_for_bit_on_random_steps():
         assert oa == ob, step
         for x, y, name in zip(pa, pb, pa._fields):
             assert x.dtype == y.dtype and np.array_equal(x, y), (step, name)
+        sends.extend(pa.send.tolist())
         planned = rng.random(n) < 0.5
         outs = []
         for _ in range(2):
@@ -84,6 +89,24 @@ def test_calls_agree_bit_for_bit_on_random_steps():
         for name in ("tokens", "lengths", "accept", "source", "match_len"):
             assert np.array_equal(getattr(outs[0], name), getattr(outs[1], name)), (step, name)
         _same_records(ref, nat)
+    # the send rates moved (planned rows sent, were cut to nothing or found no draft), or stayed 1 when off
+    assert (len(set(sends)) > 20 and 0 < min(sends) < 1) if send_rounds else set(sends) == {1.0}
+
+
+def test_send_rate_falls_for_a_request_whose_drafts_are_cut_and_starts_at_the_engine_rate():
+    book = RequestBook(0.5, 2.0, send_rounds=2.0)
+    for slot in range(3):
+        book.reset(slot, slot, 100, -1)
+    slots = np.arange(3, dtype=np.int64)
+    assert book.send_rate(slots).tolist() == [1.0, 1.0, 1.0]  # no evidence yet
+    for _ in range(6):  # rows 0 and 1 speculated every step; only row 0's draft survives the cut
+        out = DraftBatch.empty(3, K)
+        out.lengths[:] = [2, 0, 0]
+        book.finish(slots, np.array([True, True, False]), np.flatnonzero(out.lengths), out.lengths[:1].copy(),
+                    np.ones(1), out, None)
+    rate = book.send_rate(slots)
+    engine = (book.global_sent_steps + 2.0) / (book.global_speculated + 2.0)
+    assert rate[1] < 0.4 < engine < rate[0] <= 1.0 and rate[2] == pytest.approx(engine)  # row 2: the engine's rate
 
 
 def test_bad_slots_raise_and_change_nothing():

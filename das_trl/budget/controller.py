@@ -84,6 +84,8 @@ _COST_SOURCES = ("config", "online")
 _BACKENDS = ("auto", "native", "python")
 _UNSET = object()  # a native kernel not resolved yet
 _NORMAL = NormalDist()
+#: The least chance of sending a draft the gate divides a row's proposer CPU by (the native kMinSend).
+_MIN_SEND = 0.05
 #: No draft is longer (the native core's MAX_SPEC_TOKENS): larger hard caps count as this in the gate.
 MAX_CAP = 64
 #: Pseudo-rounds at 1 token per round in a row's observed tokens-per-round estimate.
@@ -144,12 +146,15 @@ class ControllerConfig:
         always_plan_rows: batches of at most this many rows are recomputed every step (the tail, where the
             decision matters most and the computation is cheapest).
         tau_uncertainty: in :meth:`BudgetController.plan`'s tail probabilities, each sample's tokens per round is
-            drawn around the row's observed one with this factor on its standard error (:func:`tau_samples`); 0 (the
-            default): the observed one exactly. Replays at 1.0: mean time without CPU vs the best of none and suffix
-            0.946 -> 0.940 over the 24 suite points (t06 0.945 -> 0.916 at c_tok 0.025), but on AMC23 the gate then
-            drafts rows whose drafts the cut mostly drops (78 % at c_tok 0.1), and with the proposer's CPU counted
-            that set loses 0.8-1.2 % at c_tok 0.025 / 0.1: off until the gate stops speculating rows the cut drops
-            (docs/benchmarks.md, session 20). :meth:`BudgetController.budgets` (the single-call API) does not use it.
+            drawn around the row's observed one with this factor on its standard error (:func:`tau_samples`); 0: the
+            observed one exactly (before session 20). :meth:`BudgetController.budgets` (the single-call API) does not
+            use it.
+        gate_send_rounds: the gate charges a row's proposer CPU divided by the chance that its draft survives the cut
+            (``send`` of :meth:`BudgetController.plan`; the Speculator's request book estimates it per request with
+            this many pseudo-steps at the engine-wide rate); 0: every speculated row counts as sending. With the
+            tail uncertainty alone, AMC23 at c_tok 0.1 speculated rows whose drafts the cut then dropped (78 %) and
+            lost more CPU than it saved; with both, the replay suite's mean time without CPU vs the best of none and
+            suffix goes 0.946 -> 0.941 and the rows speculated on AMC23 fall 16-20 % (docs/benchmarks.md, session 20).
     """
 
     c_base_ms: float = 7.0
@@ -179,7 +184,8 @@ class ControllerConfig:
     replan_shrink: float = 0.125
     always_plan_rows: int = 32
     quiet_replan_max_steps: int = 64
-    tau_uncertainty: float = 0.0
+    tau_uncertainty: float = 1.0
+    gate_send_rounds: float = 2.0
 
     def __post_init__(self) -> None:
         def need(ok: bool, msg: str) -> None:
@@ -221,6 +227,8 @@ class ControllerConfig:
              f"always_plan_rows must be an int >= 0, got {self.always_plan_rows!r}")
         need(math.isfinite(self.tau_uncertainty) and self.tau_uncertainty >= 0.0,
              f"tau_uncertainty must be a finite number >= 0, got {self.tau_uncertainty}")
+        need(math.isfinite(self.gate_send_rounds) and self.gate_send_rounds >= 0.0,
+             f"gate_send_rounds must be a finite number >= 0, got {self.gate_send_rounds}")
         need(isinstance(self.quiet_replan_max_steps, int) and not isinstance(self.quiet_replan_max_steps, bool)
              and self.quiet_replan_max_steps >= 0,
              f"quiet_replan_max_steps must be an int >= 0, got {self.quiet_replan_max_steps!r}")
@@ -320,7 +328,7 @@ def tau_samples(tau_obs: np.ndarray, rounds: np.ndarray, rem_mean: np.ndarray, z
     it every row keeps its observed speed exactly, and a crowd of requests cut at the same ``max_tokens`` lands in the
     same bin of :func:`tail_probability`'s histogram and shares the tail probability equally, whatever their speeds;
     with it, the rows that are slower (or whose speed is less certain) get more of it (replays: docs/benchmarks.md,
-    session 20; off by default: ``ControllerConfig.tau_uncertainty``).
+    session 20; ``ControllerConfig.tau_uncertainty``).
 
     Args:
         tau_obs: ``float64 [n]`` observed tokens per round (``>= 1``).
@@ -336,8 +344,8 @@ def tau_samples(tau_obs: np.ndarray, rounds: np.ndarray, rem_mean: np.ndarray, z
     return np.maximum(tau_obs[:, None] * np.exp((sd / tau_obs)[:, None] * z[None, :]), 1.0)
 
 
-def gate_rows(weight_ms: np.ndarray, q: np.ndarray, caps: np.ndarray, c_tok_ms: float, draft_row_ms: float,
-              draft_margin: float = 0.0) -> np.ndarray:
+def gate_rows(weight_ms: np.ndarray, q: np.ndarray, caps: np.ndarray, c_tok_ms: float,
+              draft_row_ms: float | np.ndarray, draft_margin: float = 0.0) -> np.ndarray:
     """Which rows can pay for being drafted at all, decided before drafting (cheap: no draft, no survival).
 
     Row ``i`` drafting ``d`` tokens with per-token acceptance ``q_i`` emits ``1 + S_d`` tokens per round,
@@ -350,7 +358,8 @@ def gate_rows(weight_ms: np.ndarray, q: np.ndarray, caps: np.ndarray, c_tok_ms: 
         weight_ms: ``float64 [n]`` ``c_base * P_i`` (what a round of row ``i`` adds to the makespan's cost).
         q: ``float64 [n]`` predicted per-token acceptance in ``[0, 1)``.
         caps: ``int [n]`` most draft tokens row ``i`` may get (0: never drafted; above :data:`MAX_CAP`: that).
-        c_tok_ms / draft_row_ms: ms per verified token / ms of proposer CPU per drafted row.
+        c_tok_ms / draft_row_ms: ms per verified token / ms of proposer CPU per drafted row (a number, or
+            ``float64 [n]`` one per row).
 
     Returns:
         ``bool [n]``.
@@ -367,12 +376,15 @@ def gate_rows(weight_ms: np.ndarray, q: np.ndarray, caps: np.ndarray, c_tok_ms: 
     rows = out.nonzero()[0]
     m = len(rows)
     if m:
+        per_row = np.ndim(draft_row_ms) > 0
         if m < len(out):
             q, value, caps = q[rows], value[rows], caps[rows]
+            if per_row:
+                draft_row_ms = np.asarray(draft_row_ms)[rows]
         k = min(int(np.maximum.reduce(caps)), MAX_CAP)
         d = _arange_1(k)
         s_d = (q[:, None] ** d).cumsum(axis=1)  # [m, k]
-        cost = c_tok_ms * (1.0 + draft_margin) * d + draft_row_ms
+        cost = c_tok_ms * (1.0 + draft_margin) * d + (np.asarray(draft_row_ms)[:, None] if per_row else draft_row_ms)
         ok = value[:, None] * s_d > cost
         ok &= d <= caps[:, None]
         out[rows] = np.logical_or.reduce(ok, axis=1)
@@ -666,15 +678,16 @@ class BudgetController:
 
     def plan(self, problem_keys: np.ndarray, output_len: np.ndarray, num_rounds: np.ndarray | None = None,
              max_output: np.ndarray | None = None, caps: np.ndarray | None = None,
-             acceptance: np.ndarray | None = None, slots: np.ndarray | None = None) -> StepPlan:
+             acceptance: np.ndarray | None = None, slots: np.ndarray | None = None,
+             send: np.ndarray | None = None) -> StepPlan:
         """Decide, before drafting, which rows of this engine step are worth drafting at all.
 
         The tail probability ``P_i`` (who finishes last; module docstring) is computed from deterministic stratified
         samples and, with ``slots``, kept per request between recomputations (``replan_steps``, backed off up to
         ``quiet_replan_max_steps`` while recomputations draft nothing; ``replan_shrink``; ``always_plan_rows``). A
         row is drafted when even its predicted acceptance can pay for its verification and for the proposer's CPU
-        (``draft_row_us``) (:func:`gate_rows`); the rest are not drafted, so a step where nothing pays costs the
-        proposer almost nothing.
+        (``draft_row_us``, divided by the row's chance of sending a draft at all) (:func:`gate_rows`); the rest are
+        not drafted, so a step where nothing pays costs the proposer almost nothing.
 
         Args:
             problem_keys: ``int64 [n]`` problem of each row.
@@ -686,13 +699,16 @@ class BudgetController:
                 ``gate_acceptance_prior``); the proposer derives it from the request's own verified drafts.
             slots: ``int [n]`` a stable id per request (``>= 0``, reused only after the request ended) under which
                 its tail probability is kept between recomputations (``None``: recompute every step).
+            send: ``float64 [n]`` each row's chance in ``[0, 1]`` that its draft, if speculated, survives the cut
+                (``PlanInputs.send``; ``None``: 1); the gate charges ``draft_row_us / max(send, 0.05)``.
 
         Returns:
             :class:`StepPlan`.
 
         Raises:
             ValueError: shapes disagree, a negative, fractional or (at a recomputation) repeated slot, an acceptance
-                outside ``[0, 1]`` or NaN, or a negative / NaN output length or max output (nothing changed).
+                or send rate outside ``[0, 1]`` or NaN, or a negative / NaN output length or max output (nothing
+                changed).
         """
         keys = np.asarray(problem_keys, dtype=np.int64)
         if keys.ndim != 1:
@@ -707,6 +723,7 @@ class BudgetController:
         mo = None if max_output is None else np.asarray(max_output, dtype=np.float64)
         caps_arr = None if caps is None else np.asarray(caps)
         q = None if acceptance is None else np.asarray(acceptance, dtype=np.float64)
+        snd = None if send is None else np.asarray(send, dtype=np.float64)
         sl = None if slots is None else np.asarray(slots)
         if sl is not None and sl.dtype != np.int64:
             with np.errstate(invalid="ignore"):  # NaN casts to INT_MIN: rejected just below
@@ -717,9 +734,9 @@ class BudgetController:
         shape = (n,)
         if out_len.shape != shape or (r is not None and r.shape != shape) or (mo is not None and mo.shape != shape) \
                 or (caps_arr is not None and caps_arr.shape != shape) or (q is not None and q.shape != shape) \
-                or (sl is not None and sl.shape != shape):
+                or (sl is not None and sl.shape != shape) or (snd is not None and snd.shape != shape):
             for name, v in (("output_len", out_len), ("num_rounds", r), ("max_output", mo), ("caps", caps_arr),
-                            ("acceptance", q), ("slots", sl)):
+                            ("acceptance", q), ("slots", sl), ("send", snd)):
                 if v is not None and v.shape != shape:
                     raise ValueError(f"BudgetController.plan: {name} must have shape ({n},) like problem_keys, got "
                                      f"{v.shape}")
@@ -731,6 +748,9 @@ class BudgetController:
             # NaN fails both: such a row was silently never drafted, a value above 1 counted as 0.999
             raise ValueError(f"BudgetController.plan: acceptance must lie in [0, 1] (no NaN), got range "
                              f"[{q.min()}, {q.max()}]")
+        if snd is not None and n and not (np.minimum.reduce(snd) >= 0.0 and np.maximum.reduce(snd) <= 1.0):
+            raise ValueError(f"BudgetController.plan: send must lie in [0, 1] (no NaN), got range "
+                             f"[{snd.min()}, {snd.max()}]")
         cap = None if mo is None else mo - out_len
         if n == 0:
             self._acc_expected *= cfg.acceptance_decay
@@ -758,7 +778,7 @@ class BudgetController:
             kernel = self._native_kernel("controller_plan")
         if kernel is not None:
             draft, weight, p, drafted, tails = self._plan_native(kernel, keys, out_len, r, mo, caps_arr, q, sl, replan,
-                                                                 cost)
+                                                                 cost, snd)
         else:
             # (the native kernel checks these itself)
             if not (np.minimum.reduce(out_len) >= 0.0 and (mo is None or np.minimum.reduce(mo) >= 0.0)):
@@ -785,9 +805,12 @@ class BudgetController:
             p = (1.0 - w) * p
             p += w / n
             weight = cost.c_base_ms * p
+            row_ms = cfg.draft_row_us / 1000.0
+            if snd is not None:  # the row's CPU per draft that survives the cut
+                row_ms = row_ms / np.maximum(snd, _MIN_SEND)
             draft = gate_rows(weight, self._prior[:n] if q is None else q,
-                              self._caps16[:n] if caps_arr is None else caps_arr, cost.c_tok_ms,
-                              cfg.draft_row_us / 1000.0, cfg.draft_margin)
+                              self._caps16[:n] if caps_arr is None else caps_arr, cost.c_tok_ms, row_ms,
+                              cfg.draft_margin)
             drafted = int(np.count_nonzero(draft))
             tails = int(np.count_nonzero(p >= 0.5))
         # Only now (a rejected call changed nothing): the acceptance record fades once per step.
@@ -820,7 +843,8 @@ class BudgetController:
 
     def _plan_native(self, kernel, keys: np.ndarray, out_len: np.ndarray, r: np.ndarray | None,
                      mo: np.ndarray | None, caps: np.ndarray | None, q: np.ndarray | None, sl: np.ndarray | None,
-                     replan: bool, cost: CostModel) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
+                     replan: bool, cost: CostModel, send: np.ndarray | None = None
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
         """:meth:`plan` after its replan decision in one native call (``controller_plan``: tail probabilities or the
         stored ones renormalised, the shrink, weights and :func:`gate_rows`; same arithmetic as the numpy path, so
         results agree up to the rounding of exp / log / pow). Returns ``(draft, weight, p, drafted, tail rows)``."""
@@ -843,7 +867,8 @@ class BudgetController:
         makespan, drafted, tails = kernel(
             out_len, empty if r is None else r, empty if mo is None else mo, caps, self._prior[:n] if q is None else q,
             replan, table, pooled, self._shared_draws, self._no_i64 if sl is None else sl, self._slot_p,
-            self._slot_epoch, self._epoch + 1, self._tau_z, params, draft, weight, p, rem_mean)
+            self._slot_epoch, self._epoch + 1, self._tau_z, empty if send is None else send, params, draft, weight, p,
+            rem_mean)
         if replan:
             self.last_expected_remaining = rem_mean
             self.last_expected_makespan = float(makespan)

@@ -1,13 +1,15 @@
 """The Speculator's per-request records and the bookkeeping of one engine step around the controller's plan and cut.
 
 Per request (by slot): problem key, rounds so far, ``max_tokens``, the draft tokens sent last step and their expected
-acceptance, and the fading record of accepted / rejected draft tokens (the gate's acceptance predictor); engine-wide,
-the same record over every request. Per engine step, three calls:
+acceptance, the fading record of accepted / rejected draft tokens (the gate's acceptance predictor) and of how often
+its speculated drafts survived the cut (the gate's send rate); engine-wide, the same records over every request. Per
+engine step, three calls:
 
 1. :meth:`begin`: every row's round count + 1; whether any row had a draft in flight (else the step may be quiet).
 2. :meth:`prepare`: last step's verification (records, totals for the controller), then the plan's inputs per row.
 3. :meth:`finish`: after the drafter and the cut: planned rows that found no draft count as rejections, the drafting
-   rows are cut in the step's output (in place) and in the drafter (``trim``), and what was sent is recorded.
+   rows are cut in the step's output (in place) and in the drafter (``trim``), and what was sent is recorded (and
+   whether each planned row sent anything).
 
 :class:`RequestBook` is the numpy reference; :class:`NativeRequestBook` does the same in the drafter's native core
 (``src/request_book.cc``) in three calls of scalar work instead of ~70 numpy calls (~1-3 us each on a small host),
@@ -33,7 +35,8 @@ class PlanInputs(NamedTuple):
     """The plan's inputs for ``n`` rows (:meth:`~das_trl.budget.BudgetController.plan`): ``key`` ``int64`` problem
     keys, ``output_len`` ``int32`` tokens generated, ``rounds`` ``int64`` verification rounds, ``max_output``
     ``int64`` each request's ``max_tokens`` (else the model length), ``caps`` ``int32`` hard draft caps
-    ``min(K, max_model_len - 1 - num_tokens) >= 0``, ``acceptance`` ``float64`` predicted per-token acceptance."""
+    ``min(K, max_model_len - 1 - num_tokens) >= 0``, ``acceptance`` ``float64`` predicted per-token acceptance,
+    ``send`` ``float64`` the chance that a draft of the row, if speculated, survives the cut."""
 
     key: np.ndarray
     output_len: np.ndarray
@@ -41,6 +44,7 @@ class PlanInputs(NamedTuple):
     max_output: np.ndarray
     caps: np.ndarray
     acceptance: np.ndarray
+    send: np.ndarray
 
 
 class Observed(NamedTuple):
@@ -60,21 +64,27 @@ class RequestBook:
     Args:
         prior / prior_rounds: the gate's acceptance prior in ``[0, 1)`` and its weight in pseudo-rounds
             (``ControllerConfig.gate_acceptance_prior`` / ``gate_prior_rounds``).
+        send_rounds: the weight (pseudo-steps) of the engine-wide send rate in a request's (:meth:`send_rate`;
+            ``ControllerConfig.gate_send_rounds``; 0: every row counts as sending).
     """
 
     _FIELDS = (("key", np.int64), ("rounds", np.int64), ("max_output", np.int64), ("sent", np.int64),
-               ("expected", np.float64), ("hits", np.float64), ("misses", np.float64), ("dslot", np.int32))
+               ("expected", np.float64), ("hits", np.float64), ("misses", np.float64), ("speculated", np.float64),
+               ("sent_steps", np.float64), ("dslot", np.int32))
 
-    def __init__(self, prior: float = 0.5, prior_rounds: float = 2.0, capacity: int = 256) -> None:
+    def __init__(self, prior: float = 0.5, prior_rounds: float = 2.0, capacity: int = 256,
+                 send_rounds: float = 0.0) -> None:
         for name, dtype in self._FIELDS:
             setattr(self, name, np.zeros(capacity, dtype))
-        self.set_prior(prior, prior_rounds)
+        self.set_prior(prior, prior_rounds, send_rounds)
         self.global_hits = 0.0
         self.global_misses = 0.0
+        self.global_speculated = 0.0  # planned rows, fading by GLOBAL_DECAY per planned step
+        self.global_sent_steps = 0.0  # those whose draft survived the cut
 
-    def set_prior(self, prior: float, prior_rounds: float) -> None:
-        """Use this acceptance prior from the next step on."""
-        self.prior, self.prior_rounds = float(prior), float(prior_rounds)
+    def set_prior(self, prior: float, prior_rounds: float, send_rounds: float = 0.0) -> None:
+        """Use these priors from the next step on."""
+        self.prior, self.prior_rounds, self.send_rounds = float(prior), float(prior_rounds), float(send_rounds)
 
     def reset(self, slot: int, key: int, max_output: int, dslot: int) -> None:
         """Start a request in ``slot`` (grows the arrays): problem key, max output tokens, its drafter slot (-1:
@@ -90,6 +100,7 @@ class RequestBook:
         self.rounds[slot] = -1  # the first step of a request is round 0
         self.max_output[slot] = max_output
         self.sent[slot] = self.expected[slot] = self.hits[slot] = self.misses[slot] = 0
+        self.speculated[slot] = self.sent_steps[slot] = 0.0
         self.dslot[slot] = dslot
 
     def begin(self, slots: np.ndarray) -> bool:
@@ -130,7 +141,7 @@ class RequestBook:
         self.decay()
         caps = np.maximum(np.minimum(max_model_len - 1 - num_tokens, k), 0)  # int32, as num_tokens
         plan = PlanInputs(self.key[slots], num_tokens - num_prompt, self.rounds[slots],
-                          self.max_output[slots], caps, self.acceptance(slots))
+                          self.max_output[slots], caps, self.acceptance(slots), self.send_rate(slots))
         return plan, observed
 
     def acceptance(self, slots: np.ndarray) -> np.ndarray:
@@ -143,6 +154,19 @@ class RequestBook:
         qg = min(g_hits / (g_hits + self.global_misses + 2.0), 0.99)
         hits = self.hits[slots] + r0 * qg / (1.0 - qg)
         return hits / (hits + self.misses[slots] + r0)
+
+    def send_rate(self, slots: np.ndarray) -> np.ndarray:
+        """The chance that a draft of each row, if speculated, survives the cut: ``float64 [n]``, the request's
+        fading share of its speculated steps that sent a draft (``OUTCOME_DECAY`` per such step) with
+        ``send_rounds`` pseudo-steps at the engine-wide share, itself with 2 pseudo-steps at 1; all ones when
+        ``send_rounds`` is 0. The gate charges a row's proposer CPU divided by it: the gate predicts acceptance from
+        the drafts that were sent, which the cut chose for their high estimates, so on a set where most speculated
+        drafts are cut to nothing (AMC23 at c_tok 0.1: 78 %) it would keep speculating rows that send nothing."""
+        r = self.send_rounds
+        if r <= 0.0:
+            return np.ones(len(slots))
+        pg = (self.global_sent_steps + 2.0) / (self.global_speculated + 2.0)
+        return (self.sent_steps[slots] + r * pg) / (self.speculated[slots] + r)
 
     def finish(self, slots: np.ndarray, planned: np.ndarray, drafting: np.ndarray, kept: np.ndarray,
                expected_kept: np.ndarray, out: DraftBatch, drafter: Any, req_ids: list[str] | None = None
@@ -179,6 +203,13 @@ class RequestBook:
             self.expected[slots[drafting]] = expected_kept
             drafts, tokens = int(np.count_nonzero(sent)), int(sent.sum())
         self.sent[slots] = out.lengths
+        # whether each planned row sent anything (send_rate)
+        rows = slots[planned]
+        sends = out.lengths[planned] > 0
+        self.speculated[rows] = OUTCOME_DECAY * self.speculated[rows] + 1.0
+        self.sent_steps[rows] = OUTCOME_DECAY * self.sent_steps[rows] + sends
+        self.global_speculated = GLOBAL_DECAY * self.global_speculated + float(len(rows))
+        self.global_sent_steps = GLOBAL_DECAY * self.global_sent_steps + float(np.count_nonzero(sends))
         return drafts, tokens
 
     def _rejected_empty(self, slots: np.ndarray, planned: np.ndarray, lengths: np.ndarray) -> None:
@@ -204,17 +235,17 @@ class NativeRequestBook:
             :class:`RequestBook`.
     """
 
-    def __init__(self, module: Any, prior: float = 0.5, prior_rounds: float = 2.0) -> None:
+    def __init__(self, module: Any, prior: float = 0.5, prior_rounds: float = 2.0, send_rounds: float = 0.0) -> None:
         self._book = module.RequestBook()
-        self.set_prior(prior, prior_rounds)
+        self.set_prior(prior, prior_rounds, send_rounds)
         self._bufs: list[np.ndarray] = []
         self._cap = 0
         self._grow(64)  # allocated up front: an empty first step (only partial prefills) needs them too
         self._empty_i32 = np.zeros(0, np.int32)
         self._empty_f64 = np.zeros(0, np.float64)
 
-    def set_prior(self, prior: float, prior_rounds: float) -> None:
-        self._book.set_prior(float(prior), float(prior_rounds))
+    def set_prior(self, prior: float, prior_rounds: float, send_rounds: float = 0.0) -> None:
+        self._book.set_prior(float(prior), float(prior_rounds), float(send_rounds))
 
     def reset(self, slot: int, key: int, max_output: int, dslot: int) -> None:
         self._book.reset(int(slot), int(key), int(max_output), int(dslot))
@@ -237,7 +268,8 @@ class NativeRequestBook:
 
     def _grow(self, cap: int) -> None:
         self._cap = cap
-        self._bufs = [np.zeros(cap, dt) for dt in (np.int64, np.int32, np.int64, np.int64, np.int32, np.float64)]
+        self._bufs = [np.zeros(cap, dt)
+                      for dt in (np.int64, np.int32, np.int64, np.int64, np.int32, np.float64, np.float64)]
 
     def finish(self, slots: np.ndarray, planned: np.ndarray, drafting: np.ndarray, kept: np.ndarray,
                expected_kept: np.ndarray, out: DraftBatch, drafter: Any, req_ids: list[str] | None = None
@@ -256,7 +288,7 @@ class NativeRequestBook:
         out = {name: np.asarray(self._book.ints(i), np.int64)[:n]
                for i, name in enumerate(("key", "rounds", "max_output", "sent", "dslot"))}
         out.update({name: np.asarray(self._book.doubles(i), np.float64)[:n]
-                    for i, name in enumerate(("expected", "hits", "misses"))})
+                    for i, name in enumerate(("expected", "hits", "misses", "speculated", "sent_steps"))})
         return out
 
     @property
@@ -266,6 +298,14 @@ class NativeRequestBook:
     @property
     def global_misses(self) -> float:
         return self._book.global_misses
+
+    @property
+    def global_speculated(self) -> float:
+        return self._book.global_speculated
+
+    @property
+    def global_sent_steps(self) -> float:
+        return self._book.global_sent_steps
 
     def bytes(self) -> int:
         """Bytes held by the native records and this wrapper's buffers."""

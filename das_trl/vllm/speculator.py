@@ -65,8 +65,9 @@ class Speculator:
             raise ValueError("native_book=True needs the native drafter (backend 'native' or 'auto' with the core built)")
         cfg = controller.config
         self._book: RequestBook | NativeRequestBook = (
-            NativeRequestBook(module, cfg.gate_acceptance_prior, cfg.gate_prior_rounds) if native_book
-            else RequestBook(cfg.gate_acceptance_prior, cfg.gate_prior_rounds))
+            NativeRequestBook(module, cfg.gate_acceptance_prior, cfg.gate_prior_rounds, cfg.gate_send_rounds)
+            if native_book else RequestBook(cfg.gate_acceptance_prior, cfg.gate_prior_rounds,
+                                            send_rounds=cfg.gate_send_rounds))
         self._buffer: DraftBatch | None = None
         self._views: DraftBatch | None = None
         self.set_controller(controller)
@@ -84,7 +85,8 @@ class Speculator:
     def set_controller(self, controller: BudgetController) -> None:
         """Use another budget controller from the next step on (tracked requests keep their records)."""
         self.controller = controller
-        self._book.set_prior(controller.config.gate_acceptance_prior, controller.config.gate_prior_rounds)
+        cfg = controller.config
+        self._book.set_prior(cfg.gate_acceptance_prior, cfg.gate_prior_rounds, cfg.gate_send_rounds)
 
     @property
     def book(self) -> RequestBook | NativeRequestBook:
@@ -209,7 +211,8 @@ class Speculator:
             c["accepted_tokens"] += observed.accepted
         if step_ms is not None and n and ctl.config.cost_source == "online":
             ctl.observe_step(n + observed.checked, step_ms)
-        plan = ctl.plan(*inputs, slots)
+        plan = ctl.plan(inputs.key, inputs.output_len, inputs.rounds, inputs.max_output, inputs.caps, inputs.acceptance,
+                        slots, inputs.send)
         planned = int(np.count_nonzero(plan.draft))
         zeros = self._filled(0, n)  # np.where with an array of zeros costs a third of one with a numpy scalar 0
         budgets = np.where(plan.draft, inputs.caps, zeros) if planned else zeros

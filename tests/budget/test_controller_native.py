@@ -112,7 +112,8 @@ def test_native_plan_equals_the_numpy_reference_over_steps(c_tok):
             caps = rng.integers(0, 17, len(slots)).astype(np.int32)
             q = rng.random(len(slots)) * 0.95
             max_out = None if trial % 3 == 0 else np.full(len(slots), 800, np.int64)
-            got = [c.plan(keys, out_len, rounds, max_out, caps, q, slots) for c in (ref, nat)]
+            send = None if trial % 2 else rng.random(len(slots))
+            got = [c.plan(keys, out_len, rounds, max_out, caps, q, slots, send) for c in (ref, nat)]
             assert got[0].replanned == got[1].replanned
             replans += got[0].replanned
             np.testing.assert_allclose(got[1].weight_ms, got[0].weight_ms, rtol=1e-9, atol=1e-12)
@@ -134,7 +135,8 @@ def test_plan_kernel_rejects_bad_slots_and_shapes():
     f64, i64 = np.zeros(0), np.zeros(0, np.int64)
     args = lambda slots, slot_p, replan=False, caps=np.ones(n, np.int32): (  # noqa: E731
         np.ones(n), f64, f64, caps, np.full(n, 0.5), replan, np.zeros((0, 1)), f64, np.full((4, 1, 8), 0.5), slots,
-        slot_p, np.zeros(len(slot_p), np.int64), 1, f64, {}, np.empty(n, bool), np.empty(n), np.empty(n), np.empty(n))
+        slot_p, np.zeros(len(slot_p), np.int64), 1, f64, f64, {}, np.empty(n, bool), np.empty(n), np.empty(n),
+        np.empty(n))
     with pytest.raises(ValueError, match=r"slot 5 outside \[0, 4\)"):
         kernel(*args(np.array([0, 1, 5]), np.zeros(4)))
     with pytest.raises(ValueError, match="without slots every step must replan"):
@@ -153,7 +155,8 @@ def test_plan_kernel_outputs_must_be_the_callers_buffers_and_inputs_numbers():
     base = dict(out_len=np.arange(n) * 10.0, rounds=f64, max_output=f64, caps=np.full(n, 8, np.int32),
                 q=np.full(n, 0.9), replan=True, table=np.tile(np.linspace(50, 400, 8), (n, 1)),
                 pooled=np.linspace(50, 400, 40), draws=np.full((4, 1, 8), 0.5), slots=np.arange(n),
-                slot_p=np.zeros(8), slot_epoch=np.full(8, -1, np.int64), epoch=1, tau_z=np.zeros(0), params={},
+                slot_p=np.zeros(8), slot_epoch=np.full(8, -1, np.int64), epoch=1, tau_z=np.zeros(0),
+                send=np.zeros(0), params={},
                 draft=np.zeros(n, bool), weight=np.empty(n), p=np.empty(n), rem_mean=np.empty(n))
     for name, bad in (("draft", np.zeros(2 * n, bool)[::2]), ("draft", np.zeros(n, np.int8)),
                       ("p", np.empty(n, np.float32)), ("slot_epoch", np.full(8, -1, np.int32))):
@@ -176,7 +179,8 @@ def test_plan_rejects_bad_input_before_changing_anything(backend):
                    dict(max_output=np.array([50.0, -1.0, 50.0])), dict(slots=np.array([0.0, 1.7, 2.0])),
                    dict(slots=np.array([0.0, np.nan, 2.0])), dict(slots=np.array([4, 1, 4])),
                    dict(acceptance=np.array([0.5, np.nan, 0.5])), dict(acceptance=np.array([0.5, 1.5, 0.5])),
-                   dict(acceptance=np.array([-0.1, 0.5, 0.5]))):
+                   dict(acceptance=np.array([-0.1, 0.5, 0.5])), dict(send=np.array([0.5, np.nan, 0.5])),
+                   dict(send=np.array([0.5, 1.01, 0.5]))):
         args = dict(problem_keys=keys, output_len=np.array([1, 2, 3]), slots=np.arange(3))
         args.update(kwargs)
         with pytest.raises(ValueError):

@@ -275,3 +275,20 @@ def test_tau_uncertainty_spreads_the_tail_over_a_crowd_cut_at_the_same_length():
         ctl.observe(0, [400] * 8)
         ctl.plan(keys, out_len, rounds, np.full(6, 400), acceptance=np.full(6, 0.5))
         np.testing.assert_allclose(ctl.last_tail_prob, probs[1], rtol=1e-9)
+
+
+@pytest.mark.parametrize("backend", ["native", "python"])
+def test_a_row_that_rarely_sends_pays_its_cpu_per_draft_sent(backend):
+    """The gate charges draft_row_us / send: a row whose drafts mostly do not survive the cut needs a larger expected
+    gain to be speculated; send = 1 is the gate without it."""
+    if backend == "native" and not native.available():
+        pytest.skip("the native core is not built")
+    ctl = BudgetController(ControllerConfig(backend=backend, draft_row_us=20.0, c_tok_ms=0.1))
+    ctl.observe(0, [300] * 8)
+    n = 40
+    args = (np.zeros(n, np.int64), np.full(n, 100), np.full(n, 60), np.full(n, 400), np.full(n, 16, np.int32),
+            np.linspace(0.3, 0.95, n), np.arange(n))
+    always = ctl.plan(*args).draft
+    rarely = ctl.plan(*args, send=np.full(n, 0.1)).draft
+    assert always.sum() > rarely.sum() and not (rarely & ~always).any()
+    assert (ctl.plan(*args, send=np.ones(n)).draft == always).all()

@@ -191,19 +191,23 @@ class Drafter:
 
 class RequestBook:
     """Per-request records of ``das_trl.vllm.speculator.Speculator`` by slot (problem key, rounds, max output, draft
-    tokens sent and their expected acceptance, the fading accepted / rejected record) and the bookkeeping of one
+    tokens sent and their expected acceptance, the fading accepted / rejected record and the fading record of
+    speculated steps that sent a draft) and the bookkeeping of one
     engine step around the controller's plan and cut, equal bit for bit to the numpy reference
     ``das_trl.vllm.request_book.RequestBook`` (see ``src/request_book.h``). Use it through
     ``das_trl.vllm.request_book.NativeRequestBook``. Not thread-safe."""
 
     global_hits: float
     global_misses: float
+    global_speculated: float
+    global_sent_steps: float
 
     def __init__(self) -> None:
         """An empty book (prior 0.5 over 2 pseudo-rounds until :meth:`set_prior`)."""
 
-    def set_prior(self, prior: float, prior_rounds: float) -> None:
-        """The gate's acceptance prior in ``[0, 1)`` and its weight in pseudo-rounds."""
+    def set_prior(self, prior: float, prior_rounds: float, send_rounds: float = 0.0) -> None:
+        """The gate's acceptance prior in ``[0, 1)`` and its weight in pseudo-rounds; the weight (pseudo-steps) of
+        the engine-wide send rate in a request's (0: every row's send rate is 1)."""
 
     def reset(self, slot: int, key: int, max_output: int, dslot: int) -> None:
         """A new request in ``slot`` (the book grows to hold it): problem key, max output tokens, drafter slot."""
@@ -216,23 +220,24 @@ class RequestBook:
 
     def prepare(self, slots: _I64, num_sampled: _I32, verified: _I32, num_tokens: _I32, num_prompt: _I32,
                 max_model_len: int, k: int, key: _I64, out_len: _I32, rounds: _I64, max_output: _I64, caps: _I32,
-                q: _F64) -> tuple[int, int, int, float]:
+                q: _F64, send: _F64) -> tuple[int, int, int, float]:
         """Last step's verification (rows with a draft sent), then the plan's inputs for the ``n`` rows written to
-        the six output arrays. Returns ``(verified drafts, accepted tokens, verified tokens, expected accepted
+        the seven output arrays (``send``: the chance a speculated draft of the row survives the cut). Returns ``(verified drafts, accepted tokens, verified tokens, expected accepted
         tokens)``."""
 
     def finish(self, slots: _I64, planned: _B, drafting: _I64, kept: _I32, expected_kept: _F64, tokens: _I32,
                accept: _F64, lengths: _I32, source: _I8, match_len: _I32, drafter: Drafter | None) -> tuple[int, int]:
         """After the drafter's step and the cut: planned rows without a draft count as rejections, the ``m``
         drafting rows (row indices) are cut to ``kept`` in the ``[n, K]`` output in place and in ``drafter`` (its
-        trim; ``None``: not told), and what was sent is recorded. Releases the GIL. Returns ``(drafts, draft
+        trim; ``None``: not told), and what was sent (and whether each planned row sent anything) is recorded. Releases the GIL. Returns ``(drafts, draft
         tokens)`` sent."""
 
     def ints(self, which: int) -> list[int]:
         """A copy of an integer record per slot: 0 key, 1 rounds, 2 max output, 3 sent, 4 drafter slot."""
 
     def doubles(self, which: int) -> list[float]:
-        """A copy of a float record per slot: 0 expected acceptance of the tokens sent, 1 hits, 2 misses."""
+        """A copy of a float record per slot: 0 expected acceptance of the tokens sent, 1 hits, 2 misses, 3 speculated
+        steps, 4 of those that sent a draft (both fading)."""
 
     def bytes(self) -> int:
         """Bytes held (records and scratch buffers)."""
@@ -304,7 +309,7 @@ def controller_cut(accept: _F64, table: _F64, pooled: _F64, rows: _I64, generate
 
 def controller_plan(out_len: _F64, rounds: _F64, max_output: _F64, caps: _I32, q: _F64, replan: bool, table: _F64,
                     pooled: _F64, draws: _F64, slots: _I64, slot_p: _F64, slot_epoch: _I64, epoch: int,
-                    tau_z: _F64, params: dict[str, Any], draft: _B, weight: _F64, p: _F64,
+                    tau_z: _F64, send: _F64, params: dict[str, Any], draft: _B, weight: _F64, p: _F64,
                     rem_mean: _F64) -> tuple[float, int, int]:
     """``BudgetController.plan`` after its replan decision, in one call: the tail probabilities (recomputed with
     ``replan``, else each request's stored one renormalised over the batch), the prior shrink, each row's weight
@@ -324,7 +329,10 @@ def controller_plan(out_len: _F64, rounds: _F64, max_output: _F64, caps: _I32, q
         slot_p / slot_epoch: in/out, ``float64[S]`` / ``int64[S]`` each slot's stored probability and the epoch it was
             computed in (written with ``replan``, as ``epoch``).
         tau_z: ``float64[samples]`` standard normal quantiles, one per sample: each sample's tokens per round is
-            then uncertain (``params["tau_uncertainty"]``; ``BudgetController._tau_samples``); ``[0]``: exact.
+            then uncertain (``params["tau_uncertainty"]``; ``das_trl.budget.controller.tau_samples``); ``[0]``:
+            exact.
+        send: ``float64[n]`` each row's chance that its draft survives the cut (the gate charges ``draft_row_ms /
+            max(send, 0.05)``); ``[0]``: 1.
         params: as :func:`controller_budgets` plus ``draft_row_ms`` and ``tau_uncertainty`` (missing: defaults).
         draft: out, ``bool[n]`` rows to draft.
         weight: out, ``float64[n]`` ``c_base * P_i`` (ms).

@@ -397,8 +397,8 @@ NB_MODULE(_das_native, m) {
       [](In1<double> out_len, In1<double> rounds, In1<double> max_output, In1<int32_t> caps, In1<double> q,
          bool replan, nb::ndarray<const double, nb::ndim<2>, nb::c_contig, nb::device::cpu> table, In1<double> pooled,
          nb::ndarray<const double, nb::ndim<3>, nb::c_contig, nb::device::cpu> draws, In1<int64_t> slots,
-         Out1<double> slot_p, Out1<int64_t> slot_epoch, int64_t epoch, In1<double> tau_z, const nb::dict& params,
-         Out1<bool> draft, Out1<double> weight, Out1<double> p, Out1<double> rem_mean) {
+         Out1<double> slot_p, Out1<int64_t> slot_epoch, int64_t epoch, In1<double> tau_z, In1<double> send,
+         const nb::dict& params, Out1<bool> draft, Out1<double> weight, Out1<double> p, Out1<double> rem_mean) {
         const size_t n = out_len.shape(0);
         for (auto [name, got] : {std::pair<const char*, size_t>{"caps", caps.shape(0)}, {"q", q.shape(0)},
                                  {"draft", draft.shape(0)}, {"weight", weight.shape(0)}, {"p", p.shape(0)},
@@ -406,7 +406,8 @@ NB_MODULE(_das_native, m) {
           need_rows_like(name, got, "out_len", n);
         // rounds / max_output / slots: n rows, or none (0 rows)
         for (auto [name, got] : {std::pair<const char*, size_t>{"rounds", rounds.shape(0)},
-                                 {"max_output", max_output.shape(0)}, {"slots", slots.shape(0)}})
+                                 {"max_output", max_output.shape(0)}, {"slots", slots.shape(0)},
+                                 {"send", send.shape(0)}})
           if (got) need_rows_like(name, got, "out_len", n);
         for (size_t i = 0; i < n; ++i)  // NaN fails both comparisons
           if (!(out_len.data()[i] >= 0.0) || (max_output.shape(0) && !(max_output.data()[i] >= 0.0)))
@@ -440,13 +441,13 @@ NB_MODULE(_das_native, m) {
               static_cast<int64_t>(table.shape(1)), table.data(), static_cast<int64_t>(pooled.shape(0)),
               pooled.data(), static_cast<int64_t>(draws.shape(2)), draws.data(), static_cast<int64_t>(draws.shape(1)),
               has_slots ? slots.data() : nullptr, slot_p.data(), slot_epoch.data(), epoch,
-              tau_z.shape(0) ? tau_z.data() : nullptr, prm,
+              tau_z.shape(0) ? tau_z.data() : nullptr, send.shape(0) ? send.data() : nullptr, prm,
               reinterpret_cast<uint8_t*>(draft.data()), weight.data(), p.data(), rem_mean.data());
         }
         return nb::make_tuple(r.makespan, r.drafted, r.tail_rows);
       },
       "out_len"_a, "rounds"_a, "max_output"_a, "caps"_a, "q"_a, "replan"_a, "table"_a, "pooled"_a, "draws"_a,
-      "slots"_a, "slot_p"_a.noconvert(), "slot_epoch"_a.noconvert(), "epoch"_a, "tau_z"_a, "params"_a,
+      "slots"_a, "slot_p"_a.noconvert(), "slot_epoch"_a.noconvert(), "epoch"_a, "tau_z"_a, "send"_a, "params"_a,
       "draft"_a.noconvert(),
       "weight"_a.noconvert(), "p"_a.noconvert(), "rem_mean"_a.noconvert(),
       "BudgetController.plan after its replan decision (das_trl/budget/controller.py): tail probabilities (recomputed "
@@ -457,7 +458,7 @@ NB_MODULE(_das_native, m) {
                                "Per-request records and the step bookkeeping of das_trl/vllm/speculator.py "
                                "(see src/request_book.h; the Python reference is das_trl/vllm/request_book.py).")
       .def(nb::init<>())
-      .def("set_prior", &das::RequestBook::set_prior, "prior"_a, "prior_rounds"_a)
+      .def("set_prior", &das::RequestBook::set_prior, "prior"_a, "prior_rounds"_a, "send_rounds"_a = 0.0)
       .def("reset", &das::RequestBook::reset, "slot"_a, "key"_a, "max_output"_a, "dslot"_a)
       .def("begin", [](das::RequestBook& b, In1<int64_t> slots) {
              return b.begin(slots.data(), static_cast<int64_t>(slots.shape(0)));
@@ -467,24 +468,24 @@ NB_MODULE(_das_native, m) {
            [](das::RequestBook& b, In1<int64_t> slots, In1<int32_t> num_sampled, In1<int32_t> verified,
               In1<int32_t> num_tokens, In1<int32_t> num_prompt, int64_t max_model_len, int32_t k, Out1<int64_t> key,
               Out1<int32_t> out_len, Out1<int64_t> rounds, Out1<int64_t> max_output, Out1<int32_t> caps,
-              Out1<double> q) {
+              Out1<double> q, Out1<double> send) {
              const size_t n = slots.shape(0);
              for (auto [name, got] : {std::pair<const char*, size_t>{"num_sampled", num_sampled.shape(0)},
                                       {"verified", verified.shape(0)}, {"num_tokens", num_tokens.shape(0)},
                                       {"num_prompt", num_prompt.shape(0)}, {"key", key.shape(0)},
                                       {"out_len", out_len.shape(0)}, {"rounds", rounds.shape(0)},
                                       {"max_output", max_output.shape(0)}, {"caps", caps.shape(0)},
-                                      {"q", q.shape(0)}})
+                                      {"q", q.shape(0)}, {"send", send.shape(0)}})
                need_rows(name, got, n);
              const das::RequestBook::Observed o = b.prepare(
                  slots.data(), static_cast<int64_t>(n), num_sampled.data(), verified.data(), num_tokens.data(),
                  num_prompt.data(), max_model_len, k, key.data(), out_len.data(), rounds.data(), max_output.data(),
-                 caps.data(), q.data());
+                 caps.data(), q.data(), send.data());
              return nb::make_tuple(o.verified_drafts, o.accepted, o.checked, o.expected);
            },
            "slots"_a, "num_sampled"_a, "verified"_a, "num_tokens"_a, "num_prompt"_a, "max_model_len"_a, "k"_a,
            "key"_a.noconvert(), "out_len"_a.noconvert(), "rounds"_a.noconvert(), "max_output"_a.noconvert(),
-           "caps"_a.noconvert(), "q"_a.noconvert(),
+           "caps"_a.noconvert(), "q"_a.noconvert(), "send"_a.noconvert(),
            "Last step's verification, then the plan's inputs (written to the output arrays). Returns (verified "
            "drafts, accepted tokens, verified tokens, expected accepted tokens).")
       .def("finish",
@@ -521,5 +522,7 @@ NB_MODULE(_das_native, m) {
       .def("bytes", &das::RequestBook::bytes)
       .def("size", &das::RequestBook::size)
       .def_rw("global_hits", &das::RequestBook::global_hits)
-      .def_rw("global_misses", &das::RequestBook::global_misses);
+      .def_rw("global_misses", &das::RequestBook::global_misses)
+      .def_rw("global_speculated", &das::RequestBook::global_speculated)
+      .def_rw("global_sent_steps", &das::RequestBook::global_sent_steps);
 }

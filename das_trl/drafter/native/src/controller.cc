@@ -243,8 +243,8 @@ PlanResult controller_plan(int64_t n, const double* out_len, const double* round
                            const int32_t* caps, const double* q, bool replan, int64_t w, const double* table,
                            int64_t m, const double* pooled, int64_t s, const double* draws, int64_t draw_rows,
                            const int64_t* slots, double* slot_p, int64_t* slot_epoch, int64_t epoch,
-                           const double* tau_z, const ControllerParams& prm, uint8_t* draft, double* weight,
-                           double* p, double* rem_mean) {
+                           const double* tau_z, const double* send, const ControllerParams& prm, uint8_t* draft,
+                           double* weight, double* p, double* rem_mean) {
   PlanResult res{std::nan(""), 0, 0};
   if (n <= 0) return res;
   if (replan) {
@@ -285,7 +285,6 @@ PlanResult controller_plan(int64_t n, const double* out_len, const double* round
   // The prior shrink, the weights and gate_rows: the cheap bound first (S_d < q / (1 - q), cost smallest at d = 1),
   // then the first d <= caps[i] whose saving pays for its verification and the row's proposer CPU.
   const double tw = prm.tail_prior_weight, unit = prm.c_tok_ms * (1.0 + prm.draft_margin);
-  const double bound = unit + prm.draft_row_ms;
   for (int64_t i = 0; i < n; ++i) {
     p[i] = (1.0 - tw) * p[i];
     p[i] += tw / static_cast<double>(n);
@@ -294,11 +293,13 @@ PlanResult controller_plan(int64_t n, const double* out_len, const double* round
     const double qi = std::min(std::max(q[i], 0.0), 0.999), value = weight[i] + prm.c_tok_ms;
     bool ok = false;
     const int32_t cap = std::min<int32_t>(caps[i], kMaxSpec);  // no draft is longer (MAX_SPEC_TOKENS)
-    if (cap > 0 && value * qi / (1.0 - qi) > bound) {
+    // The row's proposer CPU is paid whether or not the cut keeps its draft: per draft sent, it costs 1 / send.
+    const double row_ms = send ? prm.draft_row_ms / std::max(send[i], kMinSend) : prm.draft_row_ms;
+    if (cap > 0 && value * qi / (1.0 - qi) > unit + row_ms) {
       double sd = 0.0;
       for (int32_t d = 1; d <= cap && !ok; ++d) {
         sd += std::pow(qi, static_cast<double>(d));
-        ok = value * sd > unit * static_cast<double>(d) + prm.draft_row_ms;
+        ok = value * sd > unit * static_cast<double>(d) + row_ms;
       }
     }
     draft[i] = ok;

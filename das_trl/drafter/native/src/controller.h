@@ -26,6 +26,8 @@ struct ControllerParams {
 
 // Pseudo-rounds at 1 token per round in a row's observed tokens per round (controller.py _TAU_PSEUDO_ROUNDS).
 constexpr double kTauPseudoRounds = 4.0;
+// The least chance of sending a draft the gate divides a row's proposer CPU by (controller.py _MIN_SEND).
+constexpr double kMinSend = 0.05;
 
 struct PlanResult {
   double makespan;    // expected makespan in rounds (NaN when the tail probabilities were not recomputed)
@@ -68,13 +70,14 @@ CutResult controller_cut(int64_t m_rows, int64_t k, const double* accept, int64_
 // (ms), p (shrunk), rem_mean (mean sampled remaining tokens; written only with `replan`). With
 // prm.tau_uncertainty > 0 and tau_z [s] (standard normal quantiles, one per sample; null: off), each sample's tokens
 // per round is tau_obs * exp(sd / tau_obs * tau_z[t]), at least 1, sd = tau_uncertainty * sqrt(max(tau_obs - 1, 0) +
-// 1/4) * sqrt(1 / (rounds + 4) + 1 / max(rem_mean / tau_obs, 1)) (controller.py, _tau_samples). The caller checks
-// shapes and that every slot indexes slot_p / slot_epoch.
+// 1/4) * sqrt(1 / (rounds + 4) + 1 / max(rem_mean / tau_obs, 1)) (controller.py, tau_samples). send [n] (null: 1):
+// each row's chance that a speculated draft survives the cut; the gate charges it draft_row_ms / max(send, kMinSend).
+// The caller checks shapes and that every slot indexes slot_p / slot_epoch.
 PlanResult controller_plan(int64_t n, const double* out_len, const double* rounds, const double* max_output,
                            const int32_t* caps, const double* q, bool replan, int64_t w, const double* table,
                            int64_t m, const double* pooled, int64_t s, const double* draws, int64_t draw_rows,
                            const int64_t* slots, double* slot_p, int64_t* slot_epoch, int64_t epoch,
-                           const double* tau_z, const ControllerParams& prm, uint8_t* draft, double* weight,
-                           double* p, double* rem_mean);
+                           const double* tau_z, const double* send, const ControllerParams& prm, uint8_t* draft,
+                           double* weight, double* p, double* rem_mean);
 
 }  // namespace das

@@ -9,9 +9,10 @@
 
 namespace das {
 
-void RequestBook::set_prior(double prior, double prior_rounds) {
+void RequestBook::set_prior(double prior, double prior_rounds, double send_rounds) {
   prior_ = prior;
   prior_rounds_ = prior_rounds;
+  send_rounds_ = send_rounds;
 }
 
 void RequestBook::reset(int64_t slot, int64_t key, int64_t max_output, int32_t dslot) {
@@ -26,12 +27,14 @@ void RequestBook::reset(int64_t slot, int64_t key, int64_t max_output, int32_t d
     expected_.resize(cap, 0.0);
     hits_.resize(cap, 0.0);
     misses_.resize(cap, 0.0);
+    speculated_.resize(cap, 0.0);
+    sent_steps_.resize(cap, 0.0);
   }
   key_[slot] = key;
   rounds_[slot] = -1;  // the first step of a request is round 0
   max_output_[slot] = max_output;
   sent_[slot] = 0;
-  expected_[slot] = hits_[slot] = misses_[slot] = 0.0;
+  expected_[slot] = hits_[slot] = misses_[slot] = speculated_[slot] = sent_steps_[slot] = 0.0;
   dslot_[slot] = dslot;
 }
 
@@ -55,7 +58,7 @@ RequestBook::Observed RequestBook::prepare(const int64_t* slots, int64_t n, cons
                                            const int32_t* verified, const int32_t* num_tokens,
                                            const int32_t* num_prompt, int64_t max_model_len, int32_t k, int64_t* key,
                                            int32_t* out_len, int64_t* rounds, int64_t* max_output, int32_t* caps,
-                                           double* q) {
+                                           double* q, double* send) {
   check(slots, n);
   Observed o;
   scratch_.clear();
@@ -87,6 +90,10 @@ RequestBook::Observed RequestBook::prepare(const int64_t* slots, int64_t n, cons
   const double g_hits = global_hits + 2.0 * q0 / (1.0 - q0);
   const double qg = std::min(g_hits / (g_hits + global_misses + 2.0), 0.99);
   const double pseudo = r0 * qg / (1.0 - qg);
+  // The chance a speculated draft survives the cut (the reference's _RequestBook.send_rate): the request's fading
+  // record with send_rounds pseudo-steps at the engine-wide rate, itself with 2 pseudo-steps at 1.
+  const double sr = send_rounds_;
+  const double pg = (global_sent_steps + 2.0) / (global_speculated + 2.0);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t s = slots[i];
     key[i] = key_[s];
@@ -96,6 +103,7 @@ RequestBook::Observed RequestBook::prepare(const int64_t* slots, int64_t n, cons
     caps[i] = static_cast<int32_t>(std::max<int64_t>(std::min<int64_t>(max_model_len - 1 - num_tokens[i], k), 0));
     const double hits = hits_[s] + pseudo;
     q[i] = hits / (hits + misses_[s] + r0);
+    send[i] = sr > 0.0 ? (sent_steps_[s] + sr * pg) / (speculated_[s] + sr) : 1.0;
   }
   return o;
 }
@@ -141,7 +149,19 @@ RequestBook::Finished RequestBook::finish(const int64_t* slots, int64_t n, const
     f.drafts += keep > 0;
     f.draft_tokens += keep;
   }
-  for (int64_t i = 0; i < n; ++i) sent_[slots[i]] = lengths[i];
+  int64_t planned_rows = 0, sending = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t s = slots[i];
+    sent_[s] = lengths[i];
+    if (!planned[i]) continue;
+    const bool sends = lengths[i] > 0;
+    speculated_[s] = kOutcomeDecay * speculated_[s] + 1.0;
+    sent_steps_[s] = kOutcomeDecay * sent_steps_[s] + (sends ? 1.0 : 0.0);
+    ++planned_rows;
+    sending += sends;
+  }
+  global_speculated = kGlobalDecay * global_speculated + static_cast<double>(planned_rows);
+  global_sent_steps = kGlobalDecay * global_sent_steps + static_cast<double>(sending);
   if (drafter && m) drafter->trim(trim_slots_.data(), trim_len_.data(), m);
   return f;
 }
@@ -157,11 +177,17 @@ std::vector<int64_t> RequestBook::ints(int which) const {
 }
 
 std::vector<double> RequestBook::doubles(int which) const {
-  return which == 0 ? expected_ : which == 1 ? hits_ : misses_;
+  switch (which) {
+    case 0: return expected_;
+    case 1: return hits_;
+    case 2: return misses_;
+    case 3: return speculated_;
+    default: return sent_steps_;
+  }
 }
 
 int64_t RequestBook::bytes() const {
-  return static_cast<int64_t>(key_.capacity() * 8 * 4 + dslot_.capacity() * 4 + expected_.capacity() * 8 * 3 +
+  return static_cast<int64_t>(key_.capacity() * 8 * 4 + dslot_.capacity() * 4 + expected_.capacity() * 8 * 5 +
                               scratch_.capacity() * 8 + (trim_slots_.capacity() + trim_len_.capacity()) * 4);
 }
 
