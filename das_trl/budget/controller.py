@@ -31,10 +31,11 @@ verifies ``1 + d`` tokens and emits at most that many); it only shortens ``R``. 
   problems with weight ``pooled_weight`` pseudo-samples; problems without history use the pooled lengths only;
   past every observed length, an exponential tail of mean ``extrapolation_fraction * generated`` tokens, at least
   ``min_remaining``), jittered by a log-uniform factor of standard deviation ``length_jitter`` and capped at the
-  request's ``max_output``. Dividing by the row's observed tokens per round gives rounds to finish, and ``P_i`` is
+  request's ``max_output``. Dividing by the row's tokens per round (the observed one, drawn per sample around it
+  with its standard error: :func:`tau_samples`) gives rounds to finish, and ``P_i`` is
   the probability that row ``i`` needs the most, computed from the per-row sample histograms (exact products of
   the other rows' distribution functions, not a count of sample maxima, so a 1 % chance is not rounded to 0; rows
-  cut at the same ``max_tokens`` tie and share). The estimate is shrunk towards "anyone could be last":
+  with the same samples tie and share). The estimate is shrunk towards "anyone could be last":
   ``P_i <- (1 - w) P_i + w / n`` with ``w = tail_prior_weight``, because a window of a few samples of a drifting
   policy cannot rule a request out (replays: with ``w = 0`` the tail grew by up to 25 %).
 - **What the estimates are worth.** ``a`` is multiplied by the probability that position ``j`` lies before the
@@ -52,11 +53,11 @@ lower acceptance shortens every draft. The cost model comes from :class:`Control
 ``cost_source="online"``, from the engine's own step timings once that fit is trustworthy
 (:class:`~das_trl.budget.cost_model.OnlineCostFit`).
 
-Limits (measured by replay, docs/benchmarks.md). The rule is myopic: ``P`` is computed under the rows' past speed,
-not under the plan, and it ignores that drafting with low acceptance makes a row's progress random, which raises
-the expected maximum of many tied rows (several dozen requests cut at ``max_tokens``); there the controller can
-spend slightly more than it saves (up to ~1-2 % of the batch time on the frozen T = 0.6 / 1.0 sets at expensive
-verification). A planned alternative (balancing all rows to a common makespan with this round's acceptance
+Limits (measured by replay, docs/benchmarks.md). The rule is myopic: ``P`` is computed under the rows' past speed
+(with its uncertainty), not under the plan; when several dozen requests are cut at the same ``max_tokens`` the batch
+ends with the least-accepted of them, so drafts for the others and for requests that end early buy nothing, and
+there the controller can spend slightly more than it saves (up to ~1 % of the batch time on the frozen T = 0.6 set
+at expensive verification). A planned alternative (balancing all rows to a common makespan with this round's acceptance
 profile) was worse on every set: a row without a draft this round looked unable to speed up at all.
 
 Shapes and dtypes of :meth:`BudgetController.budgets`: ``accept float64 [n, K]``, ``problem_keys int64 [n]``,
@@ -147,7 +148,7 @@ class ControllerConfig:
             decision matters most and the computation is cheapest).
         tau_uncertainty: in :meth:`BudgetController.plan`'s tail probabilities, each sample's tokens per round is
             drawn around the row's observed one with this factor on its standard error (:func:`tau_samples`); 0: the
-            observed one exactly (before session 20). :meth:`BudgetController.budgets` (the single-call API) does not
+            observed one exactly (the controller before this setting). :meth:`BudgetController.budgets` (the single-call API) does not
             use it.
         gate_send_rounds: the gate charges a row's proposer CPU divided by the chance that its draft survives the cut
             (``send`` of :meth:`BudgetController.plan`; the Speculator's request book estimates it per request with
