@@ -210,3 +210,13 @@ def test_bad_steps_raise_before_any_record_changes_and_an_empty_first_step_works
     assert spec.counters["steps"] == 1
     with pytest.raises(ValueError, match="max_model_len"):
         speculator_mod.Speculator(d, BudgetController(), 0)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), -1.0, float("inf")])
+def test_send_rounds_must_be_a_finite_number_at_least_zero(bad):
+    with pytest.raises(ValueError, match="send_rounds"):
+        RequestBook(0.5, 2.0, send_rounds=bad)
+    with pytest.raises(ValueError, match="send_rounds"):
+        NativeRequestBook(native.load(), 0.5, 2.0, bad)
+    with pytest.raises(ValueError, match="send_rounds"):  # the core's own check
+        native.load().RequestBook().set_prior(0.5, 2.0, bad)

@@ -73,7 +73,8 @@ numpy and the standard library only.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+import numbers
+from dataclasses import asdict, dataclass, fields
 from statistics import NormalDist
 
 import numpy as np
@@ -87,6 +88,8 @@ _UNSET = object()  # a native kernel not resolved yet
 _NORMAL = NormalDist()
 #: The least chance of sending a draft the gate divides a row's proposer CPU by (the native kMinSend).
 _MIN_SEND = 0.05
+#: Request slots of :meth:`BudgetController.plan` lie below this (the per-slot tables: 16 bytes a slot, at most 64 MiB).
+MAX_SLOTS = 1 << 22
 #: No draft is longer (the native core's MAX_SPEC_TOKENS): larger hard caps count as this in the gate.
 MAX_CAP = 64
 #: Pseudo-rounds at 1 token per round in a row's observed tokens-per-round estimate.
@@ -193,6 +196,11 @@ class ControllerConfig:
             if not ok:
                 raise ValueError(f"ControllerConfig: {msg}")
 
+        for f in fields(self):  # every float setting is a real number (True / "x" would pass or fail obscurely below)
+            v = getattr(self, f.name)
+            if f.type in ("float", float):
+                need(isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_)),
+                     f"{f.name} must be a number, got {v!r}")
         CostModel(self.c_base_ms, self.c_tok_ms)  # validates both
         need(self.cost_source in _COST_SOURCES, f"cost_source must be one of {_COST_SOURCES}, got "
                                                 f"{self.cost_source!r}")
@@ -707,9 +715,9 @@ class BudgetController:
             :class:`StepPlan`.
 
         Raises:
-            ValueError: shapes disagree, a negative, fractional or (at a recomputation) repeated slot, an acceptance
-                or send rate outside ``[0, 1]`` or NaN, or a negative / NaN output length or max output (nothing
-                changed).
+            ValueError: shapes disagree, a slot outside ``[0, MAX_SLOTS)``, fractional or (at a recomputation)
+                repeated, an acceptance or send rate outside ``[0, 1]`` or NaN, or a negative / NaN output length,
+                round count or max output (nothing changed).
         """
         keys = np.asarray(problem_keys, dtype=np.int64)
         if keys.ndim != 1:
@@ -743,8 +751,11 @@ class BudgetController:
                                      f"{v.shape}")
         cfg = self.config
         cost = self.cost if self._online else self._config_cost
-        if sl is not None and n and int(np.minimum.reduce(sl)) < 0:
-            raise ValueError(f"BudgetController.plan: slots must be >= 0, got {int(sl.min())}")
+        if sl is not None and n and not (0 <= int(np.minimum.reduce(sl)) and int(np.maximum.reduce(sl)) < MAX_SLOTS):
+            raise ValueError(f"BudgetController.plan: slots must be in [0, {MAX_SLOTS}) (one per running request; the "
+                             f"stored probabilities are indexed by them), got [{int(sl.min())}, {int(sl.max())}]")
+        if r is not None and n and not np.minimum.reduce(r) >= 0.0:  # NaN fails too
+            raise ValueError(f"BudgetController.plan: num_rounds must be numbers >= 0, got minimum {r.min()}")
         if q is not None and n and not (np.minimum.reduce(q) >= 0.0 and np.maximum.reduce(q) <= 1.0):
             # NaN fails both: such a row was silently never drafted, a value above 1 counted as 0.999
             raise ValueError(f"BudgetController.plan: acceptance must lie in [0, 1] (no NaN), got range "

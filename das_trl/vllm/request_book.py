@@ -19,6 +19,7 @@ serialises calls).
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -29,6 +30,11 @@ from das_trl.drafter.draft_batch import DraftBatch
 OUTCOME_DECAY = 0.8
 #: The engine-wide outcomes (every request's, the prior of a request with few of its own) fade by this per step.
 GLOBAL_DECAY = 0.99
+
+
+def _check_send_rounds(send_rounds: float) -> None:
+    if not (math.isfinite(float(send_rounds)) and float(send_rounds) >= 0.0):
+        raise ValueError(f"request book: send_rounds must be a finite number >= 0, got {send_rounds!r}")
 
 
 class PlanInputs(NamedTuple):
@@ -83,7 +89,9 @@ class RequestBook:
         self.global_sent_steps = 0.0  # those whose draft survived the cut
 
     def set_prior(self, prior: float, prior_rounds: float, send_rounds: float = 0.0) -> None:
-        """Use these priors from the next step on."""
+        """Use these priors from the next step on. Raises ``ValueError`` when ``send_rounds`` is not a finite number
+        >= 0 (nothing changed)."""
+        _check_send_rounds(send_rounds)
         self.prior, self.prior_rounds, self.send_rounds = float(prior), float(prior_rounds), float(send_rounds)
 
     def reset(self, slot: int, key: int, max_output: int, dslot: int) -> None:
@@ -245,6 +253,7 @@ class NativeRequestBook:
         self._empty_f64 = np.zeros(0, np.float64)
 
     def set_prior(self, prior: float, prior_rounds: float, send_rounds: float = 0.0) -> None:
+        _check_send_rounds(send_rounds)
         self._book.set_prior(float(prior), float(prior_rounds), float(send_rounds))
 
     def reset(self, slot: int, key: int, max_output: int, dslot: int) -> None:

@@ -105,6 +105,11 @@ def test_input_validation():
         ControllerConfig(cost_source="guess")
     with pytest.raises(ValueError, match="c_tok_ms"):
         ControllerConfig(c_tok_ms=0.0)
+    for name in ("tau_uncertainty", "gate_send_rounds", "draft_row_us"):
+        for bad in (-1.0, float("nan"), float("inf"), True, "x"):
+            with pytest.raises(ValueError, match=name):
+                ControllerConfig(**{name: bad})
+    assert ControllerConfig(c_base_ms=7, tau_uncertainty=0, gate_send_rounds=np.float64(2.0)).c_base_ms == 7
 
 
 # ---------------------------------------------------------------------------- pure algebra

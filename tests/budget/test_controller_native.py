@@ -180,7 +180,8 @@ def test_plan_rejects_bad_input_before_changing_anything(backend):
                    dict(slots=np.array([0.0, np.nan, 2.0])), dict(slots=np.array([4, 1, 4])),
                    dict(acceptance=np.array([0.5, np.nan, 0.5])), dict(acceptance=np.array([0.5, 1.5, 0.5])),
                    dict(acceptance=np.array([-0.1, 0.5, 0.5])), dict(send=np.array([0.5, np.nan, 0.5])),
-                   dict(send=np.array([0.5, 1.01, 0.5]))):
+                   dict(send=np.array([0.5, 1.01, 0.5])), dict(num_rounds=np.array([1.0, np.nan, 1.0])),
+                   dict(num_rounds=np.array([1, -4, 1])), dict(slots=np.array([0, 1, 1 << 23]))):
         args = dict(problem_keys=keys, output_len=np.array([1, 2, 3]), slots=np.arange(3))
         args.update(kwargs)
         with pytest.raises(ValueError):

@@ -1,6 +1,7 @@
 #include "request_book.h"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 #include <string>
 
@@ -10,6 +11,8 @@
 namespace das {
 
 void RequestBook::set_prior(double prior, double prior_rounds, double send_rounds) {
+  if (!(std::isfinite(send_rounds) && send_rounds >= 0.0))
+    throw InputError("request book: send_rounds must be a finite number >= 0, got " + std::to_string(send_rounds));
   prior_ = prior;
   prior_rounds_ = prior_rounds;
   send_rounds_ = send_rounds;
