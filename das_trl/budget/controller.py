@@ -751,18 +751,8 @@ class BudgetController:
                                      f"{v.shape}")
         cfg = self.config
         cost = self.cost if self._online else self._config_cost
-        if sl is not None and n and not (0 <= int(np.minimum.reduce(sl)) and int(np.maximum.reduce(sl)) < MAX_SLOTS):
-            raise ValueError(f"BudgetController.plan: slots must be in [0, {MAX_SLOTS}) (one per running request; the "
-                             f"stored probabilities are indexed by them), got [{int(sl.min())}, {int(sl.max())}]")
-        if r is not None and n and not np.minimum.reduce(r) >= 0.0:  # NaN fails too
-            raise ValueError(f"BudgetController.plan: num_rounds must be numbers >= 0, got minimum {r.min()}")
-        if q is not None and n and not (np.minimum.reduce(q) >= 0.0 and np.maximum.reduce(q) <= 1.0):
-            # NaN fails both: such a row was silently never drafted, a value above 1 counted as 0.999
-            raise ValueError(f"BudgetController.plan: acceptance must lie in [0, 1] (no NaN), got range "
-                             f"[{q.min()}, {q.max()}]")
-        if snd is not None and n and not (np.minimum.reduce(snd) >= 0.0 and np.maximum.reduce(snd) <= 1.0):
-            raise ValueError(f"BudgetController.plan: send must lie in [0, 1] (no NaN), got range "
-                             f"[{snd.min()}, {snd.max()}]")
+        if sl is not None and n and int(np.minimum.reduce(sl)) < 0:
+            raise ValueError(f"BudgetController.plan: slots must be >= 0, got {int(sl.min())}")
         cap = None if mo is None else mo - out_len
         if n == 0:
             self._acc_expected *= cfg.acceptance_decay
@@ -774,6 +764,9 @@ class BudgetController:
             or n < (1.0 - cfg.replan_shrink) * self._rows_at_plan
         if sl is not None:
             top = int(np.maximum.reduce(sl))
+            if top >= MAX_SLOTS:  # the stored probabilities are indexed by slot
+                raise ValueError(f"BudgetController.plan: slots must be below {MAX_SLOTS} (one per running request), "
+                                 f"got {top}")
             # A request not seen at the last computation (slot epochs never exceed the current epoch).
             if not replan:
                 replan = top >= len(self._slot_epoch) or int(np.minimum.reduce(self._slot_epoch[sl])) < self._epoch
@@ -792,9 +785,16 @@ class BudgetController:
             draft, weight, p, drafted, tails = self._plan_native(kernel, keys, out_len, r, mo, caps_arr, q, sl, replan,
                                                                  cost, snd)
         else:
-            # (the native kernel checks these itself)
-            if not (np.minimum.reduce(out_len) >= 0.0 and (mo is None or np.minimum.reduce(mo) >= 0.0)):
-                raise ValueError("BudgetController.plan: output_len and max_output must be numbers >= 0 (no NaN)")
+            # (the native kernel checks these itself, in its loop over the rows; NaN fails every comparison: a NaN
+            # acceptance was silently never drafted, one above 1 counted as 0.999)
+            if not (np.minimum.reduce(out_len) >= 0.0 and (mo is None or np.minimum.reduce(mo) >= 0.0)
+                    and (r is None or np.minimum.reduce(r) >= 0.0)):
+                raise ValueError("BudgetController.plan: output_len, num_rounds and max_output must be numbers >= 0 "
+                                 "(no NaN)")
+            for name, v in (("acceptance", q), ("send", snd)):
+                if v is not None and not (np.minimum.reduce(v) >= 0.0 and np.maximum.reduce(v) <= 1.0):
+                    raise ValueError(f"BudgetController.plan: {name} must lie in [0, 1] (no NaN), got range "
+                                     f"[{v.min()}, {v.max()}]")
             if replan:
                 if r is None:
                     tau_obs = self._ones[:n]

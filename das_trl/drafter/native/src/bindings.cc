@@ -409,12 +409,21 @@ NB_MODULE(_das_native, m) {
                                  {"max_output", max_output.shape(0)}, {"slots", slots.shape(0)},
                                  {"send", send.shape(0)}})
           if (got) need_rows_like(name, got, "out_len", n);
-        for (size_t i = 0; i < n; ++i)  // NaN fails both comparisons
-          if (!(out_len.data()[i] >= 0.0) || (max_output.shape(0) && !(max_output.data()[i] >= 0.0)))
+        for (size_t i = 0; i < n; ++i) {  // NaN fails every comparison
+          if (!(out_len.data()[i] >= 0.0) || (max_output.shape(0) && !(max_output.data()[i] >= 0.0)) ||
+              (rounds.shape(0) && !(rounds.data()[i] >= 0.0)))
             throw das::InputError("controller_plan: row " + std::to_string(i) + " has out_len " +
                                   std::to_string(out_len.data()[i]) + (max_output.shape(0) ? ", max_output " +
                                   std::to_string(max_output.data()[i]) : std::string()) +
+                                  (rounds.shape(0) ? ", rounds " + std::to_string(rounds.data()[i]) : std::string()) +
                                   " (need numbers >= 0)");
+          // a NaN acceptance was never drafted, one above 1 counted as 0.999: both are the caller's bug
+          if (!(q.data()[i] >= 0.0 && q.data()[i] <= 1.0) ||
+              (send.shape(0) && !(send.data()[i] >= 0.0 && send.data()[i] <= 1.0)))
+            throw das::InputError("controller_plan: row " + std::to_string(i) + " has q " +
+                                  std::to_string(q.data()[i]) + (send.shape(0) ? ", send " +
+                                  std::to_string(send.data()[i]) : std::string()) + " (need [0, 1])");
+        }
         const bool has_slots = slots.shape(0) > 0;
         if (n && !has_slots && !replan) throw das::InputError("controller_plan: without slots every step must replan");
         if (slot_epoch.shape(0) != slot_p.shape(0))
