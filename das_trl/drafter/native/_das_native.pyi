@@ -246,6 +246,13 @@ class RequestBook:
         """Slots held."""
 
 
+def selftest_containers(seed: int, n: int) -> str:
+    """Self-check of the automata's containers against the C++ standard library: ``n`` random inserts, updates and
+    lookups of a hash table (incremental doubling, mapped tables from 1 MiB on) and ``n`` appends to the growing
+    array (mremap growth from 1 MiB on). Returns ``""`` when all agree, else what differs. For the tests; GIL
+    released."""
+
+
 def controller_budgets(accept: _F64, table: _F64, pooled: _F64, generated: _F64, cap: _F64, tau_obs: _F64,
                        draws: _F64, params: dict[str, Any], lengths: _I32, value: _F64, p: _F64,
                        expected_kept: _F64, rem_mean: _F64) -> float:

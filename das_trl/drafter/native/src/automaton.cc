@@ -18,7 +18,7 @@ void Automaton::clear() {
 }
 
 size_t Automaton::bytes() const {
-  return st_.capacity() * sizeof(State) + edges_.capacity() * sizeof(Edge) + trans_.bytes();
+  return st_.bytes() + edges_.bytes() + trans_.bytes();
 }
 
 int32_t Automaton::new_state(int32_t len, int32_t link) {

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "flat_map.h"
+#include "pod_vector.h"
 
 namespace das {
 
@@ -109,7 +110,7 @@ class Automaton {
   }
   int depth() const { return depth_; }
   size_t num_states() const { return st_.size(); }
-  const std::vector<State>& states() const { return st_; }
+  const PodVector<State>& states() const { return st_; }
   size_t bytes() const;
   int64_t appends() const { return appends_; }
   int64_t chain_steps() const { return chain_steps_; }  // states visited by the count and best-continuation walks
@@ -135,8 +136,9 @@ class Automaton {
 
   int depth_;
   bool online_counts_;
-  std::vector<State> st_;
-  std::vector<Edge> edges_;
+  // Not std::vector: a live automaton grows while the engine waits, and a vector's doubling copied it (pod_vector.h).
+  PodVector<State> st_;
+  PodVector<Edge> edges_;
   FlatMap<int32_t> trans_;
   int64_t appends_ = 0, chain_steps_ = 0;
 };

@@ -11,6 +11,7 @@
 #include "controller.h"
 #include "drafter.h"
 #include "request_book.h"
+#include "selftest.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -323,6 +324,9 @@ NB_MODULE(_das_native, m) {
            })
       .def("calibration_ratio", &das::Drafter::calibration_ratio, "source"_a, "bucket"_a, "bin"_a)
       .def("check", &das::Drafter::check, nb::call_guard<nb::gil_scoped_release>());
+
+  m.def("selftest_containers", &das::selftest_containers, "seed"_a, "n"_a, nb::call_guard<nb::gil_scoped_release>(),
+        "Self-check of the hash table and the growing array of the automata against the standard library (tests).");
 
   m.def(
       "controller_budgets",

@@ -202,7 +202,7 @@ size_t LivePool::bytes() const {
     b += g.sam.bytes() + g.gram_counts.bytes() + g.members.capacity() * sizeof(int32_t) + sizeof(Group);
   }
   for (const auto& s : seqs_)
-    if (s) b += s->tokens.capacity() * sizeof(int32_t) + s->grams.bytes() + sizeof(Seq);
+    if (s) b += s->tokens.bytes() + s->grams.bytes() + sizeof(Seq);
   return b;
 }
 

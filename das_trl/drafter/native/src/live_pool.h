@@ -21,6 +21,7 @@
 
 #include "automaton.h"
 #include "flat_map.h"
+#include "pod_vector.h"
 
 namespace das {
 
@@ -39,7 +40,7 @@ constexpr uint64_t kBatchGroup = ~0ULL;
 class LivePool {
  public:
   struct Seq {
-    std::vector<int32_t> tokens;  // prompt tail + output
+    PodVector<int32_t> tokens;  // prompt tail + output (all rows grow in step: no vector copies, pod_vector.h)
     FlatMap<char> grams;          // its distinct g-gram keys
     uint64_t problem = 0;
     bool finished = false;

@@ -1,0 +1,74 @@
+#include "selftest.h"
+
+#include <algorithm>
+#include <random>
+#include <unordered_map>
+#include <vector>
+
+#include "flat_map.h"
+#include "pod_vector.h"
+
+namespace das {
+
+std::string selftest_containers(uint64_t seed, int64_t n) {
+  std::mt19937_64 rng(seed);
+  const uint64_t range = 2 * static_cast<uint64_t>(n) + 1;  // about half the operations hit an existing key
+  FlatMap<int32_t> map;
+  std::unordered_map<uint64_t, int32_t> ref;
+  size_t peak_bytes = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint64_t key = (rng() % range) << 20;  // keys that share their low bits, as (state, token) keys do
+    if (rng() % 4) {
+      map[key] += 1;
+      ref[key] += 1;
+    } else {
+      const int32_t* v = map.find(key);
+      auto it = ref.find(key);
+      if ((v == nullptr) != (it == ref.end()) || (v && *v != it->second))
+        return "FlatMap: lookup " + std::to_string(i) + " disagrees";
+    }
+    peak_bytes = std::max(peak_bytes, map.bytes());
+  }
+  if (map.size() != ref.size()) return "FlatMap: size " + std::to_string(map.size()) + " != " + std::to_string(ref.size());
+  for (const auto& [k, v] : ref)
+    if (!map.find(k) || *map.find(k) != v) return "FlatMap: key lost after the inserts";
+  size_t seen = 0;
+  bool bad = false;
+  map.for_each([&](uint64_t k, int32_t v) {
+    ++seen;
+    auto it = ref.find(k);
+    bad |= it == ref.end() || it->second != v;
+  });
+  if (bad || seen != ref.size()) return "FlatMap: for_each visits " + std::to_string(seen) + " keys, not " +
+                                        std::to_string(ref.size()) + (bad ? " (or wrong values)" : "");
+  // Load <= 1/2 in the live table, old table included while a doubling is in progress: at most 6 slots a key.
+  if (peak_bytes > 16 * (6 * ref.size() + 64)) return "FlatMap: " + std::to_string(peak_bytes) + " bytes for " +
+                                                      std::to_string(ref.size()) + " keys";
+
+  struct Rec {
+    int32_t a, b, c;  // 12 bytes: pages do not hold a whole number of them
+  };
+  PodVector<Rec> vec;
+  std::vector<Rec> want;
+  for (int64_t i = 0; i < n; ++i) {
+    const Rec r{static_cast<int32_t>(i), static_cast<int32_t>(rng()), static_cast<int32_t>(-i)};
+    vec.push_back(r);
+    want.push_back(r);
+    if (rng() % 1024 == 0) {  // spot-check everything so far
+      for (size_t j = 0; j < want.size(); ++j)
+        if (vec[j].a != want[j].a || vec[j].b != want[j].b || vec[j].c != want[j].c)
+          return "PodVector: element " + std::to_string(j) + " changed after " + std::to_string(i + 1) + " appends";
+    }
+  }
+  if (vec.size() != want.size()) return "PodVector: size";
+  for (size_t j = 0; j < want.size(); ++j)
+    if (vec[j].a != want[j].a || vec[j].b != want[j].b || vec[j].c != want[j].c) return "PodVector: element lost";
+  if (vec.bytes() < want.size() * sizeof(Rec) || vec.bytes() > 2 * want.size() * sizeof(Rec) + 4096)
+    return "PodVector: reports " + std::to_string(vec.bytes()) + " bytes for " + std::to_string(want.size()) +
+           " records";
+  vec.clear();
+  if (vec.size() || vec.bytes()) return "PodVector: clear kept memory";
+  return "";
+}
+
+}  // namespace das

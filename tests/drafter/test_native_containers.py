@@ -1,0 +1,36 @@
+"""The native core's containers and the live automata built on them at sizes where their large-table paths run:
+hash tables that double incrementally into mapped pages, arrays that grow by mremap (flat_map.h, pod_vector.h;
+why: docs/benchmarks.md, "the 256 x 16k stall")."""
+
+import numpy as np
+import pytest
+
+from das_trl.drafter import DrafterConfig, create_drafter
+
+
+def test_containers_agree_with_the_standard_library():
+    from das_trl.drafter.native import _das_native
+
+    # 300k operations: tables of up to 16 MiB (mapped, several incremental doublings), arrays of 3.6 MB (mremap).
+    for seed, n in ((1, 1), (2, 1000), (3, 300_000)):
+        assert _das_native.selftest_containers(seed, n) == ""
+
+
+def test_large_live_automata_stay_consistent_and_draft_across_requests():
+    rng = np.random.default_rng(0)
+    d = create_drafter(DrafterConfig(backend="native", prompt_tail_tokens=4000, use_local_tree=False))
+    prompts = [rng.integers(0, 30_000, 2000).tolist() for _ in range(48)]  # 96k tokens in the running batch
+    for i, p in enumerate(prompts):
+        d.start_request(f"r{i}", p)
+    for i in range(48):  # outputs grow past the prompts (appends into the grown tables)
+        d.extend_request(f"r{i}", rng.integers(0, 30_000, 200).tolist())
+    # A request whose output so far repeats a stretch of another's prompt drafts that prompt's continuation from
+    # the running batch's automaton.
+    d.start_request("copy", rng.integers(0, 30_000, 10).tolist())
+    d.extend_request("copy", prompts[17][1000:1030])
+    d.wait_for_ingest()
+    batch = d.propose_batch(["copy"], [16])
+    assert batch.row(0) == prompts[17][1030:1046]
+    s = d.stats()
+    assert s["live_bytes"] > 8 * 2**20, s["live_bytes"]  # the batch automaton's arrays and table are mapped
+    assert d.check() == ""
