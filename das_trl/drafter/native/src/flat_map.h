@@ -142,8 +142,9 @@ class FlatMap {
 
   void start_doubling() {
     if (old_.slots) migrate(old_.mask + 1);  // the previous doubling is not done (unreachable at kMigrate >= 2)
+    const Table bigger = Table::make(2 * (cur_.mask + 1));  // first: a bad_alloc leaves the map as it was
     old_ = cur_;
-    cur_ = Table::make(2 * (old_.mask + 1));
+    cur_ = bigger;
     moved_ = 0;
   }
 
