@@ -14,6 +14,22 @@ def test_containers_agree_with_the_standard_library():
     # 300k operations: tables of up to 16 MiB (mapped, several incremental doublings), arrays of 3.6 MB (mremap).
     for seed, n in ((1, 1), (2, 1000), (3, 300_000)):
         assert _das_native.selftest_containers(seed, n) == ""
+    with pytest.raises(ValueError, match="2\\*\\*27"):
+        _das_native.selftest_containers(1, 10**12)  # would exhaust the machine's memory
+
+
+def test_step_rejects_negative_token_ids_and_changes_nothing():
+    # -1 is "no transition" inside the automata: a negative id in the engine's token matrix corrupted them (found
+    # by a fresh helper: check() failed, then a crash); extend_request already rejected it.
+    d = create_drafter(DrafterConfig(backend="native"))
+    d.start_request("a", [5, 6, 7])
+    m = np.array([[5, 6, 7, 1, -1, 2, 0, 0]], np.int32)
+    with pytest.raises(ValueError, match="token id -1 at position 4"):
+        d.step(["a"], m, [0], [6], [3], [3], [-1], [4])
+    assert d.stats()["live_running_tokens"] == 3 and d.check() == ""
+    m[0, 4] = 3
+    d.step(["a"], m, [0], [6], [3], [3], [-1], [4])
+    assert d.stats()["live_running_tokens"] == 6 and d.check() == ""
 
 
 def test_large_live_automata_stay_consistent_and_draft_across_requests():

@@ -249,8 +249,8 @@ class RequestBook:
 def selftest_containers(seed: int, n: int) -> str:
     """Self-check of the automata's containers against the C++ standard library: ``n`` random inserts, updates and
     lookups of a hash table (incremental doubling, mapped tables from 1 MiB on) and ``n`` appends to the growing
-    array (mremap growth from 1 MiB on). Returns ``""`` when all agree, else what differs. For the tests; GIL
-    released."""
+    array (mremap growth from 1 MiB on). Returns ``""`` when all agree, else what differs. Raises ``ValueError`` for
+    ``n > 2**27`` (about 4 GB). For the tests; GIL released."""
 
 
 def controller_budgets(accept: _F64, table: _F64, pooled: _F64, generated: _F64, cap: _F64, tau_obs: _F64,

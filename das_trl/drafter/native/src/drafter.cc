@@ -573,6 +573,16 @@ void Drafter::step(const int32_t* matrix, int64_t rows_in_matrix, int64_t row_le
                        std::to_string(num_tokens[i]) + " (matrix " + std::to_string(rows_in_matrix) + " x " +
                        std::to_string(row_len) + ")");
     drafting |= budgets[i] > 0;
+    // Token ids this row will append (all of it when it restarts): a negative id would corrupt the automata, where
+    // -1 means "no transition" (extend_request checks the same in Python).
+    const Hot& h = hot_[slots[i]];
+    const int64_t out_len = static_cast<int64_t>(num_tokens[i]) - num_prompt[i];
+    const int64_t from = (h.seen > out_len || h.prompt_len != num_prompt[i]) ? 0 : num_prompt[i] + h.seen;
+    const int32_t* text = matrix + static_cast<int64_t>(rows[i]) * row_len;
+    for (int64_t p = from; p < num_tokens[i]; ++p)
+      if (text[p] < 0)
+        throw InputError("step: row " + std::to_string(i) + " has token id " + std::to_string(text[p]) +
+                         " at position " + std::to_string(p) + " (ids must be in [0, 2**31))");
   }
   // The previous step's deferred tokens first (usually ingested by the thread during the forward pass already).
   sync_locked();

@@ -5,12 +5,15 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common.h"
 #include "flat_map.h"
 #include "pod_vector.h"
 
 namespace das {
 
 std::string selftest_containers(uint64_t seed, int64_t n) {
+  if (n > (int64_t{1} << 27))  // ~4 GB of tables and arrays: more would only exhaust the machine's memory
+    throw InputError("selftest_containers: n must be <= 2**27, got " + std::to_string(n));
   std::mt19937_64 rng(seed);
   const uint64_t range = 2 * static_cast<uint64_t>(n) + 1;  // about half the operations hit an existing key
   FlatMap<int32_t> map;
