@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 from dataclasses import asdict, dataclass, field
 
@@ -11,10 +13,16 @@ from dataclasses import asdict, dataclass, field
 #: docs/reliability.md. The reference's ``stats()["live_approx_bytes"]`` is this times ``live_tree_tokens``.
 LIVE_TREE_BYTES_PER_TOKEN = 400
 
+#: Bound on ``|max_spec_factor|`` and ``|max_spec_offset|`` (draft tokens per matched token / draft tokens).
+_SPEC_LIMIT = 1e4
+
 
 @dataclass
 class DrafterConfig:
-    """Settings of the DAS drafter (either backend, :func:`~das_trl.drafter.create_drafter`); validated on construction.
+    """Settings of the DAS drafter (either backend, :func:`~das_trl.drafter.create_drafter`); validated on construction
+    (``ValueError`` naming the field: wrong type, including a non-bool for a switch, non-finite or out of range).
+    Limits of the native core itself (``max_tree_depth`` <= 4096, ``max_spec_tokens`` <= 64) are checked by
+    :func:`~das_trl.drafter.create_drafter`, since the reference backend has none.
 
     History (DAS paper, Sec. "rollout history": per-problem sliding window):
         window: appearances of a problem kept (one appearance = the group of
@@ -37,8 +45,8 @@ class DrafterConfig:
         match_context_tokens: the context tail matched against the trees (<= max_tree_depth;
             ``None``: min(32, max_tree_depth)). arctic's ``speculate`` costs O(this).
         max_spec_tokens: hard cap of draft tokens per request per round.
-        max_spec_factor: draft length <= factor * match length + offset (as arctic).
-        max_spec_offset: see ``max_spec_factor``.
+        max_spec_factor: draft length <= factor * match length + offset (as arctic); in (0, 1e4].
+        max_spec_offset: see ``max_spec_factor``; in [-1e4, 1e4].
         min_token_prob: a chain draft stops at the first token whose estimated acceptance
             probability (evidence-adjusted, calibrated) is below this; arctic also drops
             tree continuations whose raw probability is below it. Defaults (factor 1.0,
@@ -171,7 +179,22 @@ class DrafterConfig:
             value = getattr(self, name)
             need(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
                  f"{name} must be an int >= 0, got {value!r}")
-        need(self.max_spec_factor > 0, f"max_spec_factor must be > 0, got {self.max_spec_factor}")
+        for name in ("use_problem_tree", "use_global_tree", "use_local_tree", "share_running_siblings",
+                     "share_running_batch", "truncate_by_evidence", "calibrate_acceptance", "background_ingest",
+                     "defer_idle_rows"):
+            value = getattr(self, name)  # "no" would read as True, and the native core cannot take it at all
+            need(isinstance(value, bool), f"{name} must be a bool, got {value!r}")
+        for name in ("max_spec_factor", "max_spec_offset", "min_token_prob", "evidence_pseudocount",
+                     "match_len_pseudocount", "calibration_pseudocount", "calibration_step_decay"):
+            value = getattr(self, name)
+            need(isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value),
+                 f"{name} must be a finite number, got {value!r}")
+        # The draft length is capped by max_spec_tokens (at most 64 natively) long before these limits; beyond them
+        # factor * match length + offset overflows the core's int conversion and every draft came back empty.
+        need(0 < self.max_spec_factor <= _SPEC_LIMIT,
+             f"max_spec_factor must be in (0, {_SPEC_LIMIT:g}], got {self.max_spec_factor}")
+        need(-_SPEC_LIMIT <= self.max_spec_offset <= _SPEC_LIMIT,
+             f"max_spec_offset must be in [-{_SPEC_LIMIT:g}, {_SPEC_LIMIT:g}], got {self.max_spec_offset}")
         need(0.0 <= self.min_token_prob <= 1.0,
              f"min_token_prob must be in [0, 1], got {self.min_token_prob}")
         need(isinstance(self.support_ngram, int) and self.support_ngram >= 2,
@@ -194,10 +217,6 @@ class DrafterConfig:
             value = getattr(self, name)
             need(isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 64,
                  f"{name} must be an int in [1, 64], got {value!r}")
-        need(isinstance(self.background_ingest, bool),
-             f"background_ingest must be a bool, got {self.background_ingest!r}")
-        need(isinstance(self.defer_idle_rows, bool),
-             f"defer_idle_rows must be a bool, got {self.defer_idle_rows!r}")
         need(isinstance(self.support_table_bits, int) and 10 <= self.support_table_bits <= 30,
              f"support_table_bits must be an int in [10, 30], got {self.support_table_bits!r}")
 

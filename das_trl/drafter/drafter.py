@@ -35,10 +35,11 @@ import numpy as np
 from . import native as _native
 from .config import DrafterConfig
 from .draft_batch import DraftBatch
-from .history import RolloutHistory
+from .history import RolloutHistory, history_state
 from .problem_key import problem_key as _problem_key
 from .sources import MATCH_BUCKETS, SOURCE_ORDER
-from .tokens import _INT32, as_tokens, group_rollouts, int32_array
+from .tokens import (_INT32, TOKEN_LIMIT, as_tokens, check_request_id, count_array, group_rollouts,
+                     int32_array)
 
 _GLOBAL_KEY = 2**64 - 1  # HistoryIndex::kGlobalKey
 _I32_MAX = 2**31 - 1
@@ -175,7 +176,9 @@ class NativeDASDrafter:
     # ------------------------------------------------------------------ requests
     def start_request(self, request_id: str, prompt_token_ids: Sequence[int] | np.ndarray,
                       problem_key: int | None = None) -> None:
-        """Begin drafting for a request. Raises ``ValueError`` (already active, bad ids or key)."""
+        """Begin drafting for a request. Raises ``ValueError`` (already active, an id that is not a str or an int,
+        bad token ids or key)."""
+        check_request_id(request_id)
         prompt = as_tokens(prompt_token_ids, "prompt_token_ids")
         key = _problem_key(prompt) if problem_key is None else int(problem_key)
         if not 0 <= key < 2**63:
@@ -246,7 +249,7 @@ class NativeDASDrafter:
         """Draft the next tokens of one request (``context`` is ignored: the request's own text is used).
 
         Raises:
-            KeyError: unknown request.
+            KeyError: unknown request. ValueError: ``max_tokens`` is not an int.
         """
         return self.propose_batch([request_id], [max_tokens]).row(0)
 
@@ -255,10 +258,11 @@ class NativeDASDrafter:
         """Drafts of many requests in one native call (see :meth:`DASDrafter.propose_batch`; ``contexts`` ignored).
 
         Raises:
-            KeyError: an unknown request (no row was drafted). ValueError: length mismatch.
+            KeyError: an unknown request (no row was drafted). ValueError: length mismatch, or budgets that are not
+            ints (strings, 2.7).
         """
         n = len(request_ids)
-        budgets = np.asarray(max_tokens, dtype=np.int64).reshape(-1)
+        budgets = count_array(max_tokens, "max_tokens", low=-TOKEN_LIMIT)
         if len(budgets) != n:
             raise ValueError(f"propose_batch: {n} request_ids but {len(budgets)} max_tokens")
         out = DraftBatch.empty(n, self.config.max_spec_tokens)
@@ -370,12 +374,13 @@ class NativeDASDrafter:
         """Cut outstanding drafts to what was sent (see :meth:`DASDrafter.trim`). Unknown ids are ignored.
 
         Raises:
-            ValueError: ``request_ids`` and ``lengths`` differ in length.
+            ValueError: ``request_ids`` and ``lengths`` differ in length, or a length is negative or not an int.
         """
         if len(request_ids) != len(lengths):
             raise ValueError(f"trim: {len(request_ids)} request ids but {len(lengths)} lengths")
+        lengths = count_array(lengths, "trim: lengths", low=0)
         with self._lock:
-            pairs = [(self._slots[r], k) for r, k in zip(request_ids, np.asarray(lengths).tolist()) if r in self._slots]
+            pairs = [(self._slots[r], k) for r, k in zip(request_ids, lengths.tolist()) if r in self._slots]
         if pairs:
             slots, keep = zip(*pairs)
             self.trim_slots(np.asarray(slots, np.int32), np.asarray(keep, np.int64))
@@ -475,7 +480,7 @@ class NativeDASDrafter:
     def load_state_dict(self, state: dict) -> None:
         """Replace the history with a saved one and rebuild the automata (waits for them). Live requests are kept.
         Raises ``ValueError`` on a malformed state."""
-        hist = RolloutHistory.from_state(state["history"], self.config.window, self.config.history_token_budget)
+        hist = RolloutHistory.from_state(history_state(state), self.config.window, self.config.history_token_budget)
         with self._lock:
             old = set(self._history.problems())
             self._history = hist

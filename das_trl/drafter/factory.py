@@ -20,12 +20,16 @@ def create_drafter(config: DrafterConfig | None = None):
     imports ``das_trl.drafter.reference`` (and arctic-inference).
 
     Raises:
+        TypeError: ``config`` is not a :class:`DrafterConfig` (build one: ``DrafterConfig(**fields)``).
         ImportError: ``backend="native"`` and the core is not built (the message says how to build it);
             ``backend="python"`` (or ``"auto"`` without the core) and arctic-inference is missing (the message names
             the ``reference`` extra).
     """
     global _warned
     config = config if config is not None else DrafterConfig()
+    if not isinstance(config, DrafterConfig):
+        raise TypeError(f"create_drafter takes a DrafterConfig (or None), got {type(config).__name__}; "
+                        "build one with DrafterConfig(**fields)")
     if config.backend == "native" or (config.backend == "auto" and native.available()):
         from .drafter import NativeDASDrafter
 

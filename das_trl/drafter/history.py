@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 
 _STATE_VERSION = 1
+_STATE_FIELDS = ("version", "window", "token_budget", "next_id", "evicted_appearances", "appearance_ids",
+                 "problem_keys", "num_seqs", "seq_lens", "tokens", "tail_lens", "tails")
 
 
 @dataclass
@@ -211,8 +213,14 @@ class RolloutHistory:
                 history is trimmed by the normal eviction rules.
 
         Raises:
-            ValueError: unknown ``version`` or inconsistent array sizes.
+            ValueError: not a mapping, missing fields, unknown ``version`` or inconsistent array sizes.
         """
+        if not isinstance(state, Mapping):
+            raise ValueError(f"history state must be a mapping (from RolloutHistory.to_state), got "
+                             f"{type(state).__name__}")
+        missing = [k for k in _STATE_FIELDS if k not in state]
+        if missing:
+            raise ValueError(f"history state lacks {missing} (not from RolloutHistory.to_state?)")
         if int(state["version"]) != _STATE_VERSION:
             raise ValueError(f"unsupported history state version {state['version']}")
         hist = cls(int(window if window is not None else state["window"]),
@@ -240,3 +248,15 @@ class RolloutHistory:
         hist._next_id = max(hist._next_id, int(state["next_id"]))
         hist.evicted_appearances += int(state["evicted_appearances"])
         return hist
+
+
+def history_state(drafter_state: object) -> Mapping:
+    """The ``"history"`` entry of a drafter's ``state_dict()``.
+
+    Raises:
+        ValueError: ``drafter_state`` is not a mapping with a ``"history"`` entry.
+    """
+    if not isinstance(drafter_state, Mapping) or "history" not in drafter_state:
+        got = sorted(map(str, drafter_state)) if isinstance(drafter_state, Mapping) else type(drafter_state).__name__
+        raise ValueError(f"drafter state must be a mapping with a 'history' entry (from state_dict()), got {got}")
+    return drafter_state["history"]

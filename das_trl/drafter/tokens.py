@@ -47,6 +47,35 @@ def int32_array(a: np.ndarray | Sequence[int], name: str, n: int | None = None) 
     return arr
 
 
+def check_request_id(request_id: object) -> None:
+    """Raise ``ValueError`` unless ``request_id`` is a ``str`` or an ``int`` (vLLM's ids are strings; a ``None`` or a
+    list would otherwise become a live request no engine call can name)."""
+    if not isinstance(request_id, (str, int, np.integer)) or isinstance(request_id, (bool, np.bool_)):
+        raise ValueError(f"request_id must be a str or an int, got {type(request_id).__name__} {request_id!r}")
+
+
+def count_array(values: Sequence[int] | np.ndarray, what: str, *, low: int) -> np.ndarray:
+    """Per-row token counts (draft budgets, lengths sent) as a 1-D ``np.int64`` array, values outside int32 clipped
+    into it (no draft is that long).
+
+    Raises:
+        ValueError: not whole numbers (strings, 2.7, NaN, bools), or a value below ``low``.
+    """
+    arr = np.asarray(values).reshape(-1)
+    if arr.dtype == object and all(type(v) is int for v in arr.tolist()):  # Python ints past 64 bits
+        arr = np.asarray([min(max(v, -TOKEN_LIMIT), TOKEN_LIMIT - 1) for v in arr.tolist()], dtype=np.int64)
+    if arr.size and arr.dtype.kind not in "iu":
+        whole = arr.dtype.kind == "f" and bool(np.isfinite(arr).all() and (arr == np.round(arr)).all())
+        if not whole:
+            raise ValueError(f"{what} must hold ints, got {arr[:3].tolist()} ({arr.dtype})")
+    if arr.dtype.kind == "u":
+        arr = np.minimum(arr, TOKEN_LIMIT - 1)
+    arr = np.clip(arr, -TOKEN_LIMIT, TOKEN_LIMIT - 1).astype(np.int64)
+    if arr.size and int(arr.min()) < low:
+        raise ValueError(f"{what} must be >= {low}, got {int(arr.min())}")
+    return arr
+
+
 def as_tokens(ids: Sequence[int] | np.ndarray, what: str) -> np.ndarray:
     """Validate token ids and return a fresh writeable 1-D ``np.int32`` array.
 

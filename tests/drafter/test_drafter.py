@@ -329,6 +329,70 @@ def test_config_validation(bad):
         DrafterConfig(**bad)
 
 
+@pytest.mark.parametrize("bad", [dict(use_problem_tree="no"), dict(calibrate_acceptance=1),
+                                 dict(max_spec_factor=float("inf")), dict(max_spec_factor=3e9),
+                                 dict(max_spec_offset=float("nan")), dict(max_spec_offset=1e300),
+                                 dict(min_token_prob="0.1"), dict(evidence_pseudocount=True)])
+def test_config_rejects_wrong_types_and_non_finite_spec_limits(bad):
+    # Found by a new-user check: "no" read as True (and crashed the native core with std::bad_cast); a factor of
+    # inf or 3e9 overflowed the native cap computation and every draft came back empty.
+    from das_trl.drafter import DrafterConfig
+
+    with pytest.raises(ValueError, match=f"DrafterConfig: {next(iter(bad))}"):
+        DrafterConfig(**bad)
+
+
+def test_largest_allowed_spec_factor_still_drafts(rng):
+    from das_trl.drafter import DrafterConfig, create_drafter
+
+    prompt, comp = rand_seq(rng, 40), rand_seq(rng, 200)
+    for backend in ("python", "native"):
+        d = create_drafter(DrafterConfig(backend=backend, max_spec_factor=1e4, max_spec_offset=1e4,
+                                         support_table_bits=16))
+        d.add_rollouts([prompt] * 4, [comp] * 4)
+        d.start_request("r", prompt)
+        d.extend_request("r", comp[:20])
+        assert d.propose("r", None, 16) == comp[20:36], backend
+
+
+@pytest.mark.parametrize("backend", ["python", "native"])
+def test_bad_calls_raise_clear_errors_and_change_nothing(rng, backend):
+    from das_trl.drafter import DrafterConfig, create_drafter
+
+    d = create_drafter(DrafterConfig(backend=backend, support_table_bits=16))
+    prompt, comp = rand_seq(rng, 40), rand_seq(rng, 200)
+    d.add_rollouts([prompt] * 4, [comp] * 4)
+    d.start_request("r", prompt)
+    d.extend_request("r", comp[:20])
+    for bad_id in (None, ["r"], 1.5, True):
+        with pytest.raises(ValueError, match="request_id must be a str or an int"):
+            d.start_request(bad_id, prompt)
+    assert d.active_requests == {"r"}
+    for bad_budget in ("4", 2.7, float("nan"), True, None):
+        with pytest.raises(ValueError, match="max_tokens must hold ints"):
+            d.propose("r", None, bad_budget)
+        with pytest.raises(ValueError, match="max_tokens must hold ints"):
+            d.propose_batch(["r"], [bad_budget])
+    for huge in (2**63, 2**64):  # a huge budget is capped, not an overflow
+        assert d.propose("r", None, huge) == comp[20:36]
+        assert d.propose_batch(["r"], [huge]).row(0) == comp[20:36]
+    assert d.propose("r", None, 4.0) == comp[20:24]  # a whole float is a count
+    with pytest.raises(ValueError, match="trim: lengths must be >= 0"):
+        d.trim(["r"], [-1])
+    with pytest.raises(ValueError, match="trim: lengths must hold ints"):
+        d.trim(["r"], ["2"])
+    d.trim(["r"], [2])  # still trims after the rejected calls
+    history = lambda: [(k, d.history_lengths(k).tolist()) for k in sorted(d.history_problems())]  # noqa: E731
+    before = history()
+    for bad_state in ({}, [], {"history": {}}, {"history": {"version": 1}}):
+        with pytest.raises(ValueError, match="state"):
+            d.load_state_dict(bad_state)
+    assert history() == before and before
+    for bad_config in ("x", {}, {"backend": "native"}):
+        with pytest.raises(TypeError, match="create_drafter takes a DrafterConfig"):
+            create_drafter(bad_config)
+
+
 def test_recent_appearance_weight_favours_the_newest_appearance(rng):
     prompt, ctx = rand_seq(rng, 30), rand_seq(rng, 8)
     old, new = rand_seq(rng, 12), rand_seq(rng, 12)

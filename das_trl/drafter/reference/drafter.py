@@ -21,10 +21,10 @@ import numpy as np
 
 from ..config import DrafterConfig
 from ..draft_batch import DraftBatch
-from ..history import RolloutHistory
+from ..history import RolloutHistory, history_state
 from ..problem_key import problem_key as _problem_key
 from ..sources import SOURCE_ORDER
-from ..tokens import as_tokens, group_rollouts
+from ..tokens import TOKEN_LIMIT, as_tokens, check_request_id, count_array, group_rollouts
 from .arbitration import choose
 from .arctic import suffix_tree
 from .calibration import AcceptanceCalibrator
@@ -213,8 +213,9 @@ class DASDrafter:
             problem_key: explicit problem id; defaults to :func:`problem_key` of the prompt.
 
         Raises:
-            ValueError: request already active, or invalid prompt ids.
+            ValueError: request already active, an id that is not a str or an int, or invalid prompt ids.
         """
+        check_request_id(request_id)
         prompt = as_tokens(prompt_token_ids, "prompt_token_ids")
         key = _problem_key(prompt) if problem_key is None else int(problem_key)
         with self._engine_lock():
@@ -286,8 +287,10 @@ class DASDrafter:
             probability falls below ``min_token_prob``.
 
         Raises:
-            KeyError: unknown request.
+            KeyError: unknown request. ValueError: ``max_tokens`` is not an int.
         """
+        if type(max_tokens) is not int:  # the replay's per-row calls pass ints: no array round trip for them
+            max_tokens = int(count_array([max_tokens], "max_tokens", low=-TOKEN_LIMIT)[0])
         best = self._propose_one(request_id, context, max_tokens)
         return list(best.token_ids) if best is not None else []
 
@@ -305,10 +308,11 @@ class DASDrafter:
             per-position acceptance estimates of every draft.
 
         Raises:
-            KeyError: an unknown request (drafts of earlier rows were made). ValueError: length mismatch.
+            KeyError: an unknown request (drafts of earlier rows were made). ValueError: length mismatch, or budgets
+            that are not ints (strings, 2.7).
         """
         n = len(request_ids)
-        budgets = np.asarray(max_tokens, dtype=np.int64).reshape(-1)
+        budgets = count_array(max_tokens, "max_tokens", low=-TOKEN_LIMIT)
         if len(budgets) != n or (contexts is not None and len(contexts) != n):
             raise ValueError(f"propose_batch: {n} request_ids but {len(budgets)} max_tokens"
                              + ("" if contexts is None else f" and {len(contexts)} contexts"))
@@ -383,11 +387,12 @@ class DASDrafter:
         (e.g. after the budget controller). Counters follow (a draft cut to 0 is no draft). Unknown ids are ignored.
 
         Raises:
-            ValueError: ``request_ids`` and ``lengths`` differ in length."""
+            ValueError: ``request_ids`` and ``lengths`` differ in length, or a length is negative or not an int."""
         if len(request_ids) != len(lengths):
             raise ValueError(f"trim: {len(request_ids)} request ids but {len(lengths)} lengths")
+        lengths = count_array(lengths, "trim: lengths", low=0)
         with self._engine_lock():
-            for rid, keep in zip(request_ids, np.asarray(lengths, dtype=np.int64).tolist()):
+            for rid, keep in zip(request_ids, lengths.tolist()):
                 pending = self._unverified.get(rid)
                 if pending is None or len(pending[2]) <= keep:
                     continue
@@ -516,7 +521,7 @@ class DASDrafter:
         trims). Live requests are kept. Raises ``ValueError`` on a malformed state.
         """
         self.wait_for_updates()
-        hist = RolloutHistory.from_state(state["history"], self.config.window,
+        hist = RolloutHistory.from_state(history_state(state), self.config.window,
                                          self.config.history_token_budget)
         index = HistoryIndex(self.config, self._tree_factory)
         index.insert(list(hist.appearances()))
