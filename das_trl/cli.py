@@ -7,6 +7,20 @@ import argparse
 import sys
 
 
+#: What a command raises for bad user input (paths, drafter names, records, option values): one line, exit code 2.
+BAD_INPUT = (FileNotFoundError, ValueError)
+
+
+def _bad_input(command: str, exc: Exception) -> int:
+    """Print ``exc`` as the one-line error of ``command`` and return exit code 2 (``DAS_TRL_TRACEBACK=1``: re-raise)."""
+    import os
+
+    if os.environ.get("DAS_TRL_TRACEBACK") == "1":
+        raise exc
+    print(f"{command}: error: {exc} (DAS_TRL_TRACEBACK=1 shows the traceback)", file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``das-trl``; returns the process exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -34,16 +48,12 @@ def main(argv: list[str] | None = None) -> int:
         if len(argv) < 2 or argv[1] not in benches:
             parser.error(f"das-trl bench needs one of: {', '.join(benches)}")
         import importlib
-        import os
 
         module = importlib.import_module(benches[argv[1]])
         try:
             return int(module.main(argv[2:]) or 0)
-        except (FileNotFoundError, ValueError) as exc:  # bad input (paths, drafter names, records): say it plainly
-            if os.environ.get("DAS_TRL_TRACEBACK") == "1":
-                raise
-            print(f"das-trl bench {argv[1]}: error: {exc} (DAS_TRL_TRACEBACK=1 shows the traceback)", file=sys.stderr)
-            return 2
+        except BAD_INPUT as exc:
+            return _bad_input(f"das-trl bench {argv[1]}", exc)
     if argv and argv[0] == "doctor":
         from das_trl.doctor import main as doctor_main
 
@@ -52,7 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "prepare-model":
         from das_trl.defaults.model import prepare_default_model
 
-        print(prepare_default_model(args.cache_dir, force=args.force))
+        try:
+            print(prepare_default_model(args.cache_dir, force=args.force))
+        except ValueError as exc:  # an unusable cache folder
+            return _bad_input("das-trl prepare-model", exc)
         return 0
     parser.error(f"unknown command {args.command}")
     return 2

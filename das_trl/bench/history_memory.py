@@ -151,7 +151,7 @@ def run(problems: int = 64, samples: int = 16, appearances: int = 4, length: int
 
 def main(argv: list[str] | None = None) -> int:
     """Command line; returns 0 when the budget held, evictions were counted and were oldest-first, else 1."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="das-trl bench history-memory", description=__doc__.splitlines()[0])
     ap.add_argument("--problems", type=int, default=64)
     ap.add_argument("--samples", type=int, default=16)
     ap.add_argument("--appearances", type=int, default=4, help="appearances (RL epochs) of every problem")

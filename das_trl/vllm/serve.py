@@ -138,8 +138,19 @@ def wait_for_server(base_url: str, process: subprocess.Popen | None, timeout: fl
     raise RuntimeError(f"the vLLM server at {base_url} was not healthy after {timeout:.0f} s")
 
 
+def startup_failure(exc: BaseException, signum: int | None) -> str:
+    """The error line of a start-up that never reached serving. ``signum``: the signal ``das-trl serve`` received
+    (and forwarded to the server) during start-up, if any; the server's early exit is then the interrupt's doing,
+    not a server failure."""
+    if signum is not None:
+        return (f"startup interrupted by {signal.Signals(signum).name}: stopped the vLLM server before it became "
+                f"healthy")
+    return f"startup failed: {exc}"
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``das-trl serve``; returns the server's exit code."""
+    """Entry point of ``das-trl serve``; returns the server's exit code (128 + the signal's number when a signal
+    interrupted the start-up, as a shell reports it; 2: bad arguments or an unusable model cache folder)."""
     args, extra = build_parser().parse_known_args(argv)
     logging.basicConfig(level=logging.INFO, format="[das-trl] %(message)s")
     release = vllm_release()
@@ -154,16 +165,28 @@ def main(argv: list[str] | None = None) -> int:
     from das_trl.vllm.dtype import serve_engine_dtype
     from das_trl.vllm.engine import is_cpu_build
 
-    if args.model is None:
-        from das_trl.defaults.model import prepare_default_model
-
-        args.model = prepare_default_model()
-    warn_if_exposed(args.host)
     try:
         drafter_config = json.loads(args.drafter_config) if args.drafter_config else None
     except json.JSONDecodeError as exc:
         logger.error("--drafter-config is not valid JSON (%s): %r", exc, args.drafter_config)
         return 2
+    if drafter_config is not None:
+        from das_trl.vllm.worker_extension import attach_configs
+
+        try:  # the engine would refuse it only after minutes of start-up
+            attach_configs(drafter_config)
+        except (ValueError, TypeError) as exc:
+            logger.error("invalid --drafter-config %r: %s", args.drafter_config, exc)
+            return 2
+    if args.model is None:
+        from das_trl.defaults.model import prepare_default_model
+
+        try:
+            args.model = prepare_default_model()
+        except ValueError as exc:  # an unusable cache folder (DAS_TRL_CACHE)
+            logger.error("%s", exc)
+            return 2
+    warn_if_exposed(args.host)
     from das_trl.drafter import native
 
     # The engine is started with this interpreter: a core that does not load here does not load there either, and
@@ -185,7 +208,10 @@ def main(argv: list[str] | None = None) -> int:
     host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
     base_url = f"http://{host}:{args.port}"
 
+    received: list[int] = []
+
     def forward(signum, _frame):
+        received.append(signum)
         process.send_signal(signum)
 
     signal.signal(signal.SIGINT, forward)
@@ -195,8 +221,8 @@ def main(argv: list[str] | None = None) -> int:
         stats = HTTPDASEngine(base_url).attach(drafter_config)
         logger.info("DAS drafter attached (K=%s); serving at %s", stats.get("num_speculative_tokens"), base_url)
     except Exception as exc:  # noqa: BLE001 - any failure here must stop the server we started
-        logger.error("startup failed: %s", exc)
+        logger.error("%s", startup_failure(exc, received[0] if received else None))
         process.terminate()
         process.wait(timeout=60)
-        return 1
+        return 128 + received[0] if received else 1
     return process.wait()

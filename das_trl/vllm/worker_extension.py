@@ -150,6 +150,37 @@ def parallel_layout(vllm_config: Any) -> dict[str, Any]:
     }
 
 
+
+def attach_configs(fields: object, base: DrafterConfig | None = None) -> tuple[DrafterConfig, ControllerConfig | None]:
+    """The drafter and controller configs of a ``das_attach`` config object (also checked by ``das-trl serve`` before
+    it starts the server, so a typo fails in a second rather than after the engine's start-up).
+
+    Args:
+        fields: the decoded JSON: :class:`~das_trl.drafter.DrafterConfig` fields overriding ``base``, optionally with
+            ``"budget_controller"``, an object of :class:`~das_trl.budget.controller.ControllerConfig` fields.
+        base: the config the fields override (default: ``DrafterConfig()``).
+
+    Returns:
+        ``(DrafterConfig, ControllerConfig or None)``; ``None``: no ``"budget_controller"`` given.
+
+    Raises:
+        ValueError: not an object, ``"length_policy"`` (removed), or a field value the configs reject.
+        TypeError: an unknown field.
+    """
+    if not isinstance(fields, dict):
+        raise ValueError(f"expected a JSON object of DrafterConfig fields, got {type(fields).__name__}")
+    fields = dict(fields)
+    if fields.pop("length_policy", None) is not None:
+        raise ValueError(LENGTH_POLICY_REMOVED)
+    controller = None
+    controller_fields = fields.pop("budget_controller", None)
+    if controller_fields is not None:
+        if not isinstance(controller_fields, dict):
+            raise ValueError("budget_controller must be a JSON object of ControllerConfig fields")
+        controller = ControllerConfig(**controller_fields)
+    merged = dataclasses.asdict(base if base is not None else DrafterConfig()) | fields
+    return DrafterConfig(**merged), controller
+
 class DASWorkerExtension:
     """Methods added to each vLLM worker (``self`` is the worker; ``self.model_runner`` its model runner)."""
 
@@ -203,18 +234,7 @@ class DASWorkerExtension:
         config = controller = None
         if config_json:
             try:
-                fields = json.loads(config_json)
-                if not isinstance(fields, dict):
-                    raise ValueError("expected a JSON object")
-                if fields.pop("length_policy", None) is not None:
-                    raise ValueError(LENGTH_POLICY_REMOVED)
-                controller_fields = fields.pop("budget_controller", None)
-                if controller_fields is not None:
-                    if not isinstance(controller_fields, dict):
-                        raise ValueError("budget_controller must be a JSON object of ControllerConfig fields")
-                    controller = ControllerConfig(**controller_fields)
-                merged = dataclasses.asdict(proposer.drafter.config) | fields
-                config = DrafterConfig(**merged)
+                config, controller = attach_configs(json.loads(config_json), proposer.drafter.config)
             except (ValueError, TypeError) as exc:
                 return _error(f"invalid drafter config {config_json!r}: {exc}")
         try:

@@ -23,6 +23,8 @@ from das_trl.bench.live.engine import (BatchResult, build_engine, counter_delta,
                                        shutdown_engine, spec_counters, speculative_kwargs)
 from das_trl.bench.live.history import generate_history, load_prompts, push_history
 from das_trl.bench.live.report import TIERS_NOTE, WALL_TIME_NOTE, DrafterReport, format_table, make_report, write_plot
+from das_trl.bench.options import json_overrides
+from das_trl.drafter import DrafterConfig
 
 
 def run_drafter(cfg: LiveConfig, model: str, drafter: str, cpu: bool, prompts: list[list[int]],
@@ -202,8 +204,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         prompts=args.prompts, samples=args.samples, max_tokens=args.max_tokens, temperature=args.temperature,
         greedy=args.greedy, history=args.history, warm_epochs=args.warm_epochs,
         num_speculative_tokens=args.num_speculative_tokens,
-        das_config=json.loads(args.das_config) if args.das_config else None, seed=args.seed, dtype=args.dtype,
-        max_model_len=args.max_model_len, kv_cache_bytes=args.kv_cache_bytes,
+        das_config=json_overrides(args.das_config, "--das-config", DrafterConfig) if args.das_config else None,
+        seed=args.seed, dtype=args.dtype, max_model_len=args.max_model_len, kv_cache_bytes=args.kv_cache_bytes,
         gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
         time_limit_s=args.time_limit, enforce_eager={"auto": None, "yes": True, "no": False}[args.enforce_eager],
     )

@@ -1,0 +1,131 @@
+"""Bad input to `das-trl bench replay` / `prepare-model` / `serve` gives one clear line and exit code 2, not a
+traceback or a silently wrong result (found by a new-user check). Runs the real CLI in-process on a tiny file."""
+
+import json
+import signal
+
+import pytest
+
+from das_trl.cli import main as cli_main
+from das_trl.drafter.rollout_log import RolloutRecord, append_records
+
+
+@pytest.fixture
+def rollouts(tmp_path):
+    """3 epochs of 2 problems x 2 samples, short completions: a replay of it takes well under a second."""
+    records = [RolloutRecord.make(e, float(e), [1, 2, 3 + p], [10 + p, 11, 12, 13 + s, 14], "stop")
+               for e in range(3) for p in range(2) for s in range(2)]
+    path = tmp_path / "rollouts.jsonl"
+    append_records(path, records)
+    return path
+
+
+def _replay(capsys, *args):
+    """``das-trl bench replay ARGS`` -> (exit code, stderr, stdout); argparse's own errors (SystemExit) included."""
+    try:
+        rc = cli_main(["bench", "replay", *map(str, args)])
+    except SystemExit as exc:
+        rc = exc.code
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    return rc, captured.err, captured.out
+
+
+def test_rollouts_directory_is_exit_2(tmp_path, capsys):
+    rc, err, _ = _replay(capsys, "--rollouts", tmp_path)
+    assert rc == 2 and f"{tmp_path} is a directory, not a rollouts file" in err
+
+
+def test_unknown_das_config_and_controller_keys_are_exit_2(rollouts, capsys):
+    rc, err, _ = _replay(capsys, "--rollouts", rollouts, "--das-config", '{"nope": 1}', "--drafters", "das-problem")
+    assert rc == 2 and "--das-config: unknown DrafterConfig field 'nope'; valid fields: window," in err
+    rc, err, _ = _replay(capsys, "--rollouts", rollouts, "--controller", '{"nope": 1}', "--drafters", "das+controller")
+    assert rc == 2 and "--controller: unknown ControllerConfig field 'nope'; valid fields: c_base_ms," in err
+
+
+def test_json_options_must_be_objects(rollouts, capsys):
+    for flag, drafter in (("--controller", "das+controller"), ("--das-config", "das-problem"),
+                          ("--policy", "das+policy")):
+        rc, err, _ = _replay(capsys, "--rollouts", rollouts, flag, "[1]", "--drafters", drafter)
+        assert rc == 2 and f"{flag} must be a JSON object" in err and "got list" in err
+
+
+def test_train_epochs_must_precede_the_eval_epoch(rollouts, capsys):
+    # The eval epoch in its own history leaked its completions (das-problem drafted them perfectly); a later epoch
+    # would leak the future the same way.
+    for train, ev in (("2", "2"), ("0,2", "1")):
+        rc, err, _ = _replay(capsys, "--rollouts", rollouts, "--train-epochs", train, "--eval-epoch", ev,
+                          "--drafters", "none,das-problem")
+        assert rc == 2 and f"are not before the eval epoch {ev}" in err
+    rc, err, _ = _replay(capsys, "--rollouts", rollouts, "--train-epochs", "0,0", "--eval-epoch", "2")
+    assert rc == 2 and "argument --train-epochs: lists an epoch twice" in err
+
+
+def test_ngram_format_is_checked(rollouts, capsys):
+    for value, msg in (("5,2,0", "needs 1 <= prompt_lookup_min <= prompt_lookup_max"), ("1,2", "must be MIN,MAX,K"),
+                       ("0,2,3", "needs 1 <= prompt_lookup_min"), ("2,2,0", "num_speculative_tokens must be >= 1")):
+        rc, err, _ = _replay(capsys, "--rollouts", rollouts, "--ngram", value, "--drafters", "ngram")
+        assert rc == 2 and f"argument --ngram: {msg}" in err
+
+
+def test_unwritable_cache_names_das_trl_cache(tmp_path, monkeypatch, capsys):
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("DAS_TRL_CACHE", str(tmp_path / "file" / "cache"))  # a path under a file: mkdir fails
+    assert cli_main(["prepare-model"]) == 2
+    err = capsys.readouterr().err
+    assert f"das-trl prepare-model: error: cannot create the model cache folder {tmp_path / 'file' / 'cache'}" in err
+    assert "DAS_TRL_CACHE" in err and "Traceback" not in err
+
+
+def test_bad_record_names_file_and_line(rollouts, capsys):
+    lines = rollouts.read_text().splitlines()
+    record = json.loads(lines[4])
+    record["completion_ids"][1] = 2**31
+    lines[4] = json.dumps(record)
+    rollouts.write_text("\n".join(lines[:2] + [""] + lines[2:]) + "\n")  # a blank line: line 6 holds record 4
+    rc, err, _ = _replay(capsys, "--rollouts", rollouts, "--drafters", "none")
+    assert rc == 2 and f"{rollouts}:6: completion_ids token ids must lie in [0, 2**31)" in err
+
+
+def test_serve_startup_interrupted_is_not_blamed_on_the_server():
+    from das_trl.vllm.serve import startup_failure
+
+    exc = RuntimeError("the vLLM server exited with code 1 before becoming healthy")
+    msg = startup_failure(exc, signal.SIGTERM)
+    assert msg.startswith("startup interrupted by SIGTERM") and "exited with code" not in msg
+    assert startup_failure(exc, signal.SIGINT).startswith("startup interrupted by SIGINT")
+    assert startup_failure(exc, None) == f"startup failed: {exc}"
+
+
+@pytest.mark.parametrize("config,names", [('{"nope": 1}', "nope"), ("[1]", "JSON object"),
+                                          ('{"max_spec_factor": Infinity}', "max_spec_factor"),
+                                          ('{"budget_controller": {"nope": 1}}', "nope")])
+def test_serve_rejects_a_bad_drafter_config_before_starting_anything(config, names, monkeypatch, caplog):
+    # The engine refused these only after its start-up (minutes); serve now checks them first.
+    import subprocess
+
+    from das_trl.vllm import serve
+
+    def no_server(*args, **kwargs):
+        raise AssertionError("a server was started for a config that cannot attach")
+
+    monkeypatch.setattr(subprocess, "Popen", no_server)
+    monkeypatch.setattr(serve, "prepare_default_model", no_server, raising=False)
+    assert serve.main(["--model", "unused", "--drafter-config", config]) == 2
+    assert "invalid --drafter-config" in caplog.text and names in caplog.text
+
+
+def test_replay_help_names_the_command(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["bench", "replay", "--help"])
+    out = capsys.readouterr().out
+    assert exc.value.code == 0 and out.startswith("usage: das-trl bench replay ")
+    assert "'appearance' (default): the k-th training step in which a problem appears is its epoch k" in " ".join(
+        out.split())
+
+
+def test_valid_replay_still_runs(rollouts, capsys):
+    rc, err, out = _replay(capsys, "--rollouts", rollouts, "--train-epochs", "1,0", "--eval-epoch", "2", "--ngram",
+                           "1,2,3", "--drafters", "none,ngram,das-problem", "--das-config", '{"max_spec_factor": 1.0}')
+    assert rc == 0, err
+    assert "history epochs [0, 1]" in out and "replaying epoch 2" in out  # history sorted oldest first
