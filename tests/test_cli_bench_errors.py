@@ -18,7 +18,8 @@ def test_missing_rollouts_file_is_one_line_and_exit_2(tmp_path, capsys):
 def test_bad_cpu_knobs_are_one_line_and_exit_2(tmp_path, capsys):
     import pytest
 
-    for flag, value, msg in (("--host-speed", "0", "must be > 0"), ("--draft-threads", "0", "must be an int in")):
+    for flag, value, msg in (("--host-speed", "0", "must be a finite number > 0"),
+                             ("--draft-threads", "0", "must be an int in")):
         with pytest.raises(SystemExit) as exc:
             cli_main(["bench", "suite", "--sets", str(tmp_path), flag, value])
         assert exc.value.code == 2

@@ -129,3 +129,20 @@ def test_valid_replay_still_runs(rollouts, capsys):
                            "1,2,3", "--drafters", "none,ngram,das-problem", "--das-config", '{"max_spec_factor": 1.0}')
     assert rc == 0, err
     assert "history epochs [0, 1]" in out and "replaying epoch 2" in out  # history sorted oldest first
+
+
+def test_second_check_findings_are_exit_2_before_any_replay(rollouts, tmp_path, capsys):
+    # A second new-user check: a corrupt .gz, --json at a directory (failed after the whole replay), nan or negative
+    # --async-off-ms (a table of nan), inf --host-speed, and DrafterConfig values past what the native core holds.
+    corrupt = tmp_path / "corrupt.jsonl"
+    corrupt.write_bytes(b"\x1f\x8bxx")
+    rc, err, _ = _replay(capsys, "--rollouts", corrupt, "--drafters", "none")
+    assert rc == 2 and "cannot read the rollouts file" in err
+    rc, err, out = _replay(capsys, "--rollouts", rollouts, "--drafters", "none", "--json", tmp_path)
+    assert rc == 2 and "is a directory; give a file path" in err and "history epochs" not in out
+    for flag, value in (("--async-off-ms", "nan"), ("--async-off-ms", "-5"), ("--host-speed", "inf")):
+        rc, err, _ = _replay(capsys, "--rollouts", rollouts, "--drafters", "none", flag, value)
+        assert rc == 2 and "must be a finite number" in err, (flag, value)
+    rc, err, out = _replay(capsys, "--rollouts", rollouts, "--drafters", "none,das+siblings", "--das-config",
+                           '{"live_token_budget": 100000000000000000000000}')
+    assert rc == 2 and "live_token_budget must be an int in [0, " in err and "history epochs" not in out

@@ -38,6 +38,7 @@ CLI::
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Sequence
 
 from das_trl.budget.controller import ControllerConfig
@@ -68,7 +69,7 @@ def add_cpu_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--draft-threads", type=_threads, default=None,
                    help="run the DAS drafter with this many drafting threads (DrafterConfig.draft_threads; default "
                         "1) and, when > 1, time its calls by the wall clock (thread CPU time would miss the workers)")
-    g.add_argument("--async-off-ms", type=float, default=0.0,
+    g.add_argument("--async-off-ms", type=_non_negative, default=0.0,
                    help="ms charged per engine step to every speculative method (not none): vLLM runs a custom "
                         "drafter with async scheduling off (default %(default)s; a public vLLM measurement puts the "
                         f"saving near {ASYNC_OFF_MS_REFERENCE:g} ms per step: PR #25872, see docs/benchmarks.md)")
@@ -76,8 +77,15 @@ def add_cpu_args(p: argparse.ArgumentParser) -> None:
 
 def _positive(text: str) -> float:
     value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < float("inf"):  # also rejects nan
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
     return value
 
 
@@ -138,6 +146,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ngram = args.ngram
     pc = LengthPolicyConfig(**json_overrides(args.policy, "--policy", LengthPolicyConfig))
     das_ov = json_overrides(args.das_config, "--das-config", DrafterConfig)
+    if das_ov:
+        DrafterConfig(**das_ov)  # its values too, before any drafter runs
+    if args.json and Path(args.json).is_dir():
+        raise ValueError(f"--json {args.json} is a directory; give a file path")
     cc = controller_config(args.c_base, args.c_tok, json_overrides(args.controller, "--controller", ControllerConfig))
     epochs = load_epochs(args.rollouts, args.group_by)
     train, evals, tr, ev = split_epochs(epochs, args.train_epochs, args.eval_epoch)

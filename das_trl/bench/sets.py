@@ -57,13 +57,19 @@ def load_epochs(path: str | Path, group_by: str = "appearance") -> dict[int, lis
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        ValueError: ``path`` is a directory, a line is not a rollout record, or a record's token ids or problem key
-            are out of range (the message names the file and the line), or ``group_by`` is unknown.
+        ValueError: ``path`` is a directory or unreadable (a truncated .gz), a line is not a rollout record, or a
+            record's token ids or problem key are out of range (the message names the file and the line), or
+            ``group_by`` is unknown.
     """
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"{path} is a directory, not a rollouts file (*.jsonl or *.jsonl.gz)")
-    records = list(read_records(path))
+    try:
+        records = list(read_records(path))
+    except FileNotFoundError:
+        raise
+    except (EOFError, OSError, UnicodeDecodeError) as exc:  # a truncated or corrupt .gz, unreadable bytes
+        raise ValueError(f"{path}: cannot read the rollouts file ({type(exc).__name__}: {exc})") from None
     # read_records checks the JSON shape only: out-of-range ids would fail later inside a drafter, naming the
     # position in a push instead of the line in the file.
     for index, r in enumerate(records):

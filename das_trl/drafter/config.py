@@ -169,16 +169,15 @@ class DrafterConfig:
         if self.match_context_tokens is None and isinstance(self.max_tree_depth, int):
             self.match_context_tokens = min(32, self.max_tree_depth)
 
-        for name in ("window", "history_token_budget", "max_tree_depth", "match_context_tokens", "max_spec_tokens",
-                     "min_match_len", "recent_appearance_weight"):
-            value = getattr(self, name)
-            need(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
-                 f"{name} must be an int >= 1, got {value!r}")
-        for name in ("prompt_tail_tokens", "live_token_budget",
-                     "global_samples_per_appearance"):
-            value = getattr(self, name)
-            need(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
-                 f"{name} must be an int >= 0, got {value!r}")
+        for low, names in ((1, ("window", "history_token_budget", "max_tree_depth", "match_context_tokens",
+                                "max_spec_tokens", "min_match_len", "recent_appearance_weight")),
+                           (0, ("prompt_tail_tokens", "live_token_budget", "global_samples_per_appearance"))):
+            for name in names:
+                value = getattr(self, name)
+                # the native core holds token budgets in 64 bits and the other counts in 32 (std::bad_cast past them)
+                high = 2**62 if name in ("history_token_budget", "live_token_budget") else 2**31 - 1
+                need(isinstance(value, int) and not isinstance(value, bool) and low <= value <= high,
+                     f"{name} must be an int in [{low}, {high}], got {value!r}")
         for name in ("use_problem_tree", "use_global_tree", "use_local_tree", "share_running_siblings",
                      "share_running_batch", "truncate_by_evidence", "calibrate_acceptance", "background_ingest",
                      "defer_idle_rows"):
@@ -187,8 +186,11 @@ class DrafterConfig:
         for name in ("max_spec_factor", "max_spec_offset", "min_token_prob", "evidence_pseudocount",
                      "match_len_pseudocount", "calibration_pseudocount", "calibration_step_decay"):
             value = getattr(self, name)
-            need(isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value),
-                 f"{name} must be a finite number, got {value!r}")
+            try:
+                finite = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+            except OverflowError:  # an int past float's range
+                finite = False
+            need(finite, f"{name} must be a finite number, got {value!r}")
         # The draft length is capped by max_spec_tokens (at most 64 natively) long before these limits; beyond them
         # factor * match length + offset overflows the core's int conversion and every draft came back empty.
         need(0 < self.max_spec_factor <= _SPEC_LIMIT,

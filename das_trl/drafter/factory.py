@@ -21,6 +21,7 @@ def create_drafter(config: DrafterConfig | None = None):
 
     Raises:
         TypeError: ``config`` is not a :class:`DrafterConfig` (build one: ``DrafterConfig(**fields)``).
+        ValueError: a field set after construction is invalid (the config is checked again).
         ImportError: ``backend="native"`` and the core is not built (the message says how to build it);
             ``backend="python"`` (or ``"auto"`` without the core) and arctic-inference is missing (the message names
             the ``reference`` extra).
@@ -30,6 +31,7 @@ def create_drafter(config: DrafterConfig | None = None):
     if not isinstance(config, DrafterConfig):
         raise TypeError(f"create_drafter takes a DrafterConfig (or None), got {type(config).__name__}; "
                         "build one with DrafterConfig(**fields)")
+    config.__post_init__()  # again: a field set after construction was never checked
     if config.backend == "native" or (config.backend == "auto" and native.available()):
         from .drafter import NativeDASDrafter
 

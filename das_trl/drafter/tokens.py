@@ -69,8 +69,9 @@ def count_array(values: Sequence[int] | np.ndarray, what: str, *, low: int) -> n
         if not whole:
             raise ValueError(f"{what} must hold ints, got {arr[:3].tolist()} ({arr.dtype})")
     if arr.dtype.kind == "u":
-        arr = np.minimum(arr, TOKEN_LIMIT - 1)
-    arr = np.clip(arr, -TOKEN_LIMIT, TOKEN_LIMIT - 1).astype(np.int64)
+        arr = np.minimum(arr.astype(np.uint64), TOKEN_LIMIT - 1)  # uint64 past int64 would wrap in the cast below
+    arr = np.clip(arr.astype(np.float64) if arr.dtype.kind == "f" else arr.astype(np.int64), -TOKEN_LIMIT,
+                  TOKEN_LIMIT - 1).astype(np.int64)
     if arr.size and int(arr.min()) < low:
         raise ValueError(f"{what} must be >= {low}, got {int(arr.min())}")
     return arr

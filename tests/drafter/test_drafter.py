@@ -410,3 +410,26 @@ def test_recent_appearance_weight_favours_the_newest_appearance(rng):
         d.add_rollouts([prompt], [rand_seq(rng, 20)])  # a newer appearance takes the copies over
         assert tree.num_seqs() == 4 + (weight - 1)
     assert picks[1] == old[:4] and picks[3] == new[:4]
+
+
+def test_second_check_findings(rng):
+    # A second new-user check: huge ints in count fields, a switch set after construction (both std::bad_cast in the
+    # native core), an int past float's range for the spec factor, and small unsigned dtypes as budgets / lengths.
+    from das_trl.drafter import DrafterConfig, create_drafter
+
+    for bad in (dict(live_token_budget=10**30), dict(prompt_tail_tokens=2**31), dict(min_match_len=2**40),
+                dict(max_spec_factor=10**400)):
+        with pytest.raises(ValueError, match=f"DrafterConfig: {next(iter(bad))}"):
+            DrafterConfig(**bad)
+    config = DrafterConfig(backend="native", support_table_bits=16)
+    config.use_local_tree = "no"
+    with pytest.raises(ValueError, match="use_local_tree must be a bool"):
+        create_drafter(config)
+    d = create_drafter(DrafterConfig(backend="native", support_table_bits=16))
+    prompt, comp = rand_seq(rng, 40), rand_seq(rng, 200)
+    d.add_rollouts([prompt] * 4, [comp] * 4)
+    d.start_request("r", prompt)
+    d.extend_request("r", comp[:20])
+    for dtype in (np.uint8, np.uint16, np.int8, np.float16):
+        assert d.propose_batch(["r"], np.array([4], dtype)).row(0) == comp[20:24], dtype
+        d.trim(["r"], np.array([2], dtype))
