@@ -16,6 +16,7 @@ that best, tokens per round and its CPU.
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 from dataclasses import asdict
@@ -310,22 +311,117 @@ def write_plot(point: Point, c_base: float, c_tok: float, outdir: Path, host_spe
     return str(path)
 
 
+#: Most points a running-requests trace keeps in the suite JSON (it is thinned to this many change points).
+TRACE_POINTS = 120
+
+
+def _thin(trace: list[list[float]], max_points: int = TRACE_POINTS) -> list[list[float]]:
+    """Keep the first point, the points where the running count changes, and the last; then at most ``max_points``
+    of them, evenly spaced over the change points (the count only falls, so the shape survives)."""
+    keep = [trace[0]] + [b for a, b in zip(trace, trace[1:]) if b[1] != a[1]]
+    if keep[-1] is not trace[-1]:
+        keep.append(trace[-1])
+    if len(keep) > max_points:
+        idx = np.unique(np.linspace(0, len(keep) - 1, max_points).round().astype(int))
+        keep = [keep[i] for i in idx]
+    return keep
+
+
+def running_trace(r: ReplayResult, c_base: float, c_tok: float, host_speed: float = 1.0,
+                  async_off_ms: float = 0.0, max_points: int = TRACE_POINTS) -> list[list[float]]:
+    """Running requests over the time with the CPU: ``[[t_ms, running], ...]`` at step starts, ending at
+    ``[time_with_cpu, 0]`` (:meth:`ReplayResult.time_with_cpu`: each step costs ``c_base + c_tok * step tokens``
+    plus its proposer CPU / ``host_speed``, its background ingest beyond the forward pass and, for a speculative
+    method, ``async_off_ms``), thinned by :func:`_thin`. Empty without per-step data."""
+    if not r.step_tokens or len(r.batch_trace) != len(r.step_tokens) + 1:
+        return []
+    hs = float(host_speed)
+    fwd = c_base + c_tok * np.asarray(r.step_tokens, np.float64)
+    dt = fwd.copy()
+    if r.proposer_seconds and len(r.proposer_seconds) == len(fwd):
+        dt += 1000.0 * np.asarray(r.proposer_seconds, np.float64) / hs
+        if r.background_seconds and len(r.background_seconds) == len(fwd):
+            dt += np.maximum(0.0, 1000.0 * np.asarray(r.background_seconds, np.float64) / hs - fwd)
+    if r.speculative:
+        dt += async_off_ms
+    t = np.concatenate([[0.0], np.cumsum(dt)])
+    return _thin([[round(float(x), 2), int(b)] for x, (_, b) in zip(t, r.batch_trace)], max_points)
+
+
+def oracle_text_trace(lengths: Sequence[int], c_base: float, c_tok: float, k: int,
+                      max_points: int = TRACE_POINTS) -> list[list[float]]:
+    """Running requests over time for the ``oracle-text`` bound (each round of a request emits ``min(k + 1,
+    remaining)`` tokens, all verified; a step costs ``c_base + c_tok * its tokens``; no CPU), as
+    :func:`running_trace`: it ends at :meth:`Bounds.text_time`."""
+    n = np.asarray([x for x in lengths if x > 0], np.int64)
+    if n.size == 0:
+        return [[0.0, 0]]
+    rounds = -(-n // (k + 1))
+    trace, t = [], 0.0
+    for s in range(int(rounds.max())):
+        run = rounds > s
+        trace.append([round(t, 2), int(run.sum())])
+        t += c_base + c_tok * float(np.minimum(k + 1, n[run] - s * (k + 1)).sum())
+    trace.append([round(t, 2), 0])
+    return _thin(trace, max_points)
+
+
+def _provenance() -> dict:
+    """Where the CPU times were measured (``host``: CPU count, architecture, CPU model) and the code that ran
+    (``das_trl_commit``: the checkout's commit, ``+changes`` when das_trl/ differs from it; absent outside git)."""
+    import os
+    import platform
+    import subprocess
+
+    model = ""
+    try:
+        model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                      if line.startswith("model name")), "")
+    except OSError:
+        pass
+    out: dict = {"host": {k: v for k, v in (("cpus", os.cpu_count()), ("machine", platform.machine()),
+                                            ("cpu", model)) if v}}
+    pkg = Path(__file__).resolve().parents[1]
+    try:
+        run = dict(cwd=pkg, capture_output=True, text=True, timeout=10)
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], **run)
+        if head.returncode == 0 and head.stdout.strip():
+            dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", str(pkg)], **run).returncode != 0
+            out["das_trl_commit"] = head.stdout.strip() + ("+changes" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return out
+
+
 def write_suite_json(path: str | Path, settings: dict, points: Sequence[Point], c_base: float,
                      c_toks: Sequence[float], host_speed: float = 1.0, async_off_ms: float = 0.0) -> None:
     """Write a suite's ``settings``, its summary rows (:func:`summary_rows`) and, per replay point and cost model,
-    the ratios (bounds included), every result's summary with its times with and without the CPU, and the bounds'
-    counts, as JSON."""
+    the ratios (bounds included), every result's summary with its times with and without the CPU, the running
+    requests over the time with the CPU per drafter and for ``oracle-text`` (``traces``: :func:`running_trace`),
+    the bounds' counts, and where and with which code it ran (:func:`_provenance`), as JSON (gzipped when ``path``
+    ends in ``.gz``)."""
+    def traces(p: Point, c: float) -> dict:
+        out = {r.name: running_trace(r, c_base, c, host_speed, async_off_ms) for r in p.results[c]}
+        if p.bounds is not None and p.results[c]:
+            out["oracle-text"] = oracle_text_trace(p.results[c][0].lengths, c_base, c, p.bounds.k)
+        return out
+
     def point(p: Point) -> dict:
         return {"name": p.name, "path": p.path, "eval_epoch": p.eval_epoch, "history_epochs": p.history_epochs,
                 "requests": p.requests, "problems": p.problems, "tokens": p.tokens,
                 "bounds": asdict(p.bounds) if p.bounds is not None else None,
                 "by_c_tok": {str(c): {"ratios": ratios(p.results[c], c_base, c, host_speed, async_off_ms, p.bounds),
                                       "results": [r.summary(c_base, c, host_speed, async_off_ms)
-                                                  for r in p.results[c]]}
+                                                  for r in p.results[c]],
+                                      "traces": traces(p, c)}
                              for c in c_toks}}
 
-    payload = dict(settings, host_speed=host_speed, async_off_ms=async_off_ms,
+    payload = dict(settings, host_speed=host_speed, async_off_ms=async_off_ms, **_provenance(),
                    summary=summary_rows(points, c_base, c_toks, host_speed, async_off_ms),
                    points=[point(p) for p in points])
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(payload, indent=2, default=float))
+    text = json.dumps(payload, indent=2, default=float)
+    if str(path).endswith(".gz"):  # gzip without a timestamp: the same results give the same bytes
+        Path(path).write_bytes(gzip.compress(text.encode(), 9, mtime=0))
+    else:
+        Path(path).write_text(text)

@@ -1,0 +1,332 @@
+"""The benchmarks page from the suite's JSON: the tables of ``docs/benchmarks.md``, the README's headline block and
+the figures, all generated from what ``das-trl bench suite --json`` wrote
+(:func:`das_trl.bench.report.write_suite_json`).
+
+``das-trl bench page --json benchmarks/results/suite.json.gz`` rewrites every marked block
+(``<!-- bench:NAME:start -->`` ... ``<!-- bench:NAME:end -->``) of ``docs/benchmarks.md`` and ``README.md`` and writes the figures
+(:mod:`das_trl.bench.figures`) into ``docs/img/``; ``--check`` writes nothing and exits 1 when a block differs from
+what the JSON gives. ``scripts/bench_page.sh`` runs the suite and then this. Optional keys are shown when present:
+extra bounds (a ``ratios`` entry with ``"bound": true``) get a column, a point's ``reliability`` a section, ``host``
+and ``das_trl_commit`` a line. The prose around the blocks describes the method; the numbers are all in the blocks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import re
+from pathlib import Path
+from typing import Callable, Sequence
+
+from das_trl.bench.report import DEFAULT
+
+#: The cost model the page's main table and figures use (the c_tok in the JSON closest to it).
+REFERENCE_C_TOK = 0.025
+#: The headline figure's two replay points: one large batch, one converged GRPO run (its last appearance).
+HEADLINE_SETS = ("frozen_smollm2_t06", "qwen25_05b_gsm8k_grpo_das")
+#: The two bounds every suite writes; further ``"bound": true`` entries follow them.
+BOUNDS = ("oracle-trim", "oracle-text")
+#: Figure files (under ``docs/img/``) and how the pages name them.
+HEADLINE_PNG = "bench_headline.png"
+BY_SET_PNG = "bench_by_set.png"
+
+_BLOCK = re.compile(r"(<!-- bench:([a-z0-9-]+):start -->\n)(.*?)(<!-- bench:\2:end -->)", re.S)
+
+
+# ---------------------------------------------------------------------------- reading the JSON
+def load(path: str | Path) -> dict:
+    """The suite JSON at ``path`` (plain or gzipped); ValueError naming the file when it is not one."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"--json {path}: no such file (write it with das-trl bench suite --json)")
+    try:
+        raw = Path(path).read_bytes()
+        payload = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+    except (json.JSONDecodeError, UnicodeDecodeError, OSError, EOFError) as exc:
+        raise ValueError(f"--json {path}: not JSON ({exc})") from None
+    if not isinstance(payload, dict) or not isinstance(payload.get("points"), list) or not payload["points"]:
+        raise ValueError(f"--json {path}: no 'points' (write it with das-trl bench suite --json)")
+    return payload
+
+
+def c_tok_key(payload: dict, want: float = REFERENCE_C_TOK) -> str:
+    """The ``by_c_tok`` key closest to ``want`` (the keys every point has)."""
+    keys = set.intersection(*(set(p.get("by_c_tok", {})) for p in payload["points"]))
+    if not keys:
+        raise ValueError("the suite JSON has no cost model common to every point")
+    return min(sorted(keys, key=float), key=lambda k: abs(float(k) - want))
+
+
+def c_tok_keys(payload: dict) -> list[str]:
+    """Every cost model common to every point, cheapest verification first."""
+    keys = set.intersection(*(set(p.get("by_c_tok", {})) for p in payload["points"]))
+    return sorted(keys, key=float)
+
+
+def ratio(point: dict, c: str, name: str, key: str) -> float:
+    """``ratios[name][key]`` of ``point`` at cost model ``c``; nan when absent."""
+    v = point.get("by_c_tok", {}).get(c, {}).get("ratios", {}).get(name, {}).get(key)
+    return float(v) if isinstance(v, (int, float)) else math.nan
+
+
+def bound_names(payload: dict, c: str) -> list[str]:
+    """The bounds in the JSON at ``c``: oracle-trim, oracle-text, then any other ``"bound": true`` entry, in order."""
+    extra: list[str] = []
+    for p in payload["points"]:
+        for name, x in p.get("by_c_tok", {}).get(c, {}).get("ratios", {}).items():
+            if isinstance(x, dict) and x.get("bound") and name not in BOUNDS and name not in extra:
+                extra.append(name)
+    present = [b for b in BOUNDS if any(b in p.get("by_c_tok", {}).get(c, {}).get("ratios", {})
+                                        for p in payload["points"])]
+    return present + extra
+
+
+def find_point(payload: dict, name: str) -> dict | None:
+    return next((p for p in payload["points"] if p.get("name") == name), None)
+
+
+# ---------------------------------------------------------------------------- formatting
+def _num(v: float, digits: int = 2) -> str:
+    return f"{v:.{digits}f}" if isinstance(v, (int, float)) and math.isfinite(v) else "-"
+
+
+def _int(v) -> str:
+    return f"{int(v):,}" if isinstance(v, (int, float)) and math.isfinite(v) else "-"
+
+
+def _table(head: Sequence[str], rows: Sequence[Sequence[str]], align: Sequence[str] | None = None) -> str:
+    align = align or ["---"] + ["---:"] * (len(head) - 1)
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _c(c: str) -> str:
+    return f"{float(c):g}"
+
+
+# ---------------------------------------------------------------------------- the blocks
+def settings_block(payload: dict) -> str:
+    """One paragraph: the cost model, the CPU charge and the drafters' settings the JSON was written with."""
+    cs = ", ".join(_c(c) for c in c_tok_keys(payload))
+    c_base = payload.get("c_base_ms", math.nan)
+    parts = [f"Cost model: `c_base` {_num(c_base, 1)} ms per engine step, `c_tok` {cs} ms per verified token "
+             f"(tables and figures at c_tok {_c(c_tok_key(payload))} unless a column says otherwise); the proposer's "
+             f"CPU divided by a host speed of {payload.get('host_speed', 1.0):g}, plus "
+             f"{payload.get('async_off_ms', 0.0):g} ms per step for every speculative method (async scheduling "
+             f"off)."]
+    ov = {k: payload.get(k) for k in ("das_config_overrides", "controller_overrides") if payload.get(k)}
+    parts.append("Drafters at their defaults" + (f" except {json.dumps(ov, sort_keys=True)}" if ov else "")
+                 + f", {payload.get('draft_threads', 1)} drafting thread(s).")
+    host = payload.get("host")
+    if isinstance(host, dict) and host:
+        parts.append("CPU times measured on: " + ", ".join(f"{k} {v}" for k, v in host.items()) + ".")
+    if payload.get("das_trl_commit"):
+        parts.append(f"Code: das-trl at `{payload['das_trl_commit']}`.")
+    return " ".join(parts)
+
+
+def main_table(payload: dict, c: str | None = None, default: str = DEFAULT) -> str:
+    """Per replay point at one cost model: none's time, suffix and the default with their CPU vs none, the default
+    vs the better of none and suffix, its tokens per round and CPU per step, and every bound vs none."""
+    c = c or c_tok_key(payload)
+    bounds = bound_names(payload, c)
+    head = ["set", "requests", "`none` (ms)", "`suffix` / none", "default / none", "default / best",
+            "default tok/round", "default CPU ms/step"] + [f"`{b}` / none" for b in bounds]
+    rows = []
+    for p in payload["points"]:
+        rows.append([f"`{p['name']}`", _int(p.get("requests")), _num(ratio(p, c, "none", "time_cpu_ms"), 0),
+                     _num(ratio(p, c, "suffix", "time_cpu_vs_none")),
+                     f"**{_num(ratio(p, c, default, 'time_cpu_vs_none'))}**",
+                     _num(ratio(p, c, default, "time_cpu_vs_best")),
+                     _num(ratio(p, c, default, "tokens_per_round")),
+                     _num(ratio(p, c, default, "cpu_ms_per_step"), 3)]
+                    + [_num(ratio(p, c, b, "time_cpu_vs_none")) for b in bounds])
+    return _table(head, rows)
+
+
+def cost_table(payload: dict, default: str = DEFAULT) -> str:
+    """Per replay point, at every cost model: the default's and suffix's time with their CPU vs none."""
+    cs = c_tok_keys(payload)
+    head = ["set"] + [f"default / none @{_c(c)}" for c in cs] + [f"`suffix` / none @{_c(c)}" for c in cs]
+    rows = [[f"`{p['name']}`"] + [_num(ratio(p, c, default, "time_cpu_vs_none")) for c in cs]
+            + [_num(ratio(p, c, "suffix", "time_cpu_vs_none")) for c in cs] for p in payload["points"]]
+    return _table(head, rows)
+
+
+def sets_table(payload: dict) -> str:
+    """Per replay point: its file, the appearance replayed after how many, requests, problems, completion tokens."""
+    head = ["set", "file", "replayed appearance", "history appearances", "requests", "problems", "tokens"]
+    rows = [[f"`{p['name']}`", f"`{Path(str(p.get('path', ''))).name}`", _int(p.get("eval_epoch")),
+             _int(len(p.get("history_epochs") or [])), _int(p.get("requests")), _int(p.get("problems")),
+             _int(p.get("tokens"))] for p in payload["points"]]
+    return _table(head, rows)
+
+
+def _cells(x) -> str:
+    if isinstance(x, bool) or x is None:
+        return str(x)
+    if isinstance(x, float):
+        return _num(x, 3)
+    if isinstance(x, int):
+        return _int(x)
+    if isinstance(x, (list, tuple)):
+        return ", ".join(_cells(v) for v in x)
+    return str(x)
+
+
+def _dict_rows_table(rows: list[dict]) -> str:
+    head: list[str] = []
+    for r in rows:
+        head += [k for k in r if k not in head]
+    return _table(head, [[_cells(r.get(k)) for k in head] for r in rows], ["---"] * len(head))
+
+
+def _any_table(x) -> str:
+    """A table of whatever shape the reliability data has: a list of rows, a dict of lists of rows, a dict of
+    scalars."""
+    if isinstance(x, list) and all(isinstance(r, dict) for r in x) and x:
+        return _dict_rows_table(x)
+    if isinstance(x, dict) and x and all(isinstance(v, list) for v in x.values()):
+        return "\n\n".join(f"`{k}`:\n\n{_any_table(v)}" for k, v in x.items())
+    if isinstance(x, dict) and x:
+        if all(isinstance(v, dict) for v in x.values()):
+            return _dict_rows_table([dict({"": k}, **v) for k, v in x.items()])
+        return _dict_rows_table([x])
+    return f"`{json.dumps(x)}`"
+
+
+def _reliability_of(point: dict, c: str, default: str) -> object:
+    """The default drafter's reliability summary at cost model ``c`` (in its result), else the point's own entry."""
+    block = point.get("by_c_tok", {}).get(c, {})
+    for r in block.get("results", []):
+        if isinstance(r, dict) and r.get("drafter") == default and r.get("reliability"):
+            return r["reliability"]
+    return point.get("reliability") or block.get("reliability")
+
+
+def _bucket_cell(b: dict) -> str:
+    if not b.get("tokens"):
+        return "-"
+    return f"{_num(b.get('predicted'))} / {_num(b.get('realised'))} ({_int(b['tokens'])})"
+
+
+def reliability_block(payload: dict, default: str = DEFAULT) -> str:
+    """Predicted vs realised acceptance of the default's sent draft tokens per position bucket, one row per replay
+    point at the reference cost model (summaries with ``buckets``: :mod:`das_trl.bench.reliability`); any other
+    shape is shown as it is; a line when the JSON has none."""
+    c = c_tok_key(payload)
+    found = [(p["name"], rel) for p in payload["points"] if (rel := _reliability_of(p, c, default))]
+    if not found:
+        return "_This suite JSON carries no reliability data._"
+    if all(isinstance(rel, dict) and isinstance(rel.get("buckets"), list) for _, rel in found):
+        labels: list[str] = []
+        for _, rel in found:
+            labels += [str(b.get("positions")) for b in rel["buckets"] if str(b.get("positions")) not in labels]
+        rows = []
+        for name, rel in found:
+            by = {str(b.get("positions")): b for b in rel["buckets"]}
+            rows.append([f"`{name}`"] + [_bucket_cell(by[k]) if k in by else "-" for k in labels])
+        return _table(["set"] + [f"positions {k}" for k in labels], rows)
+    return "\n\n".join(f"**`{name}`**\n\n{_any_table(rel)}" for name, rel in found)
+
+
+def headline_sentence(payload: dict, default: str = DEFAULT, sets: Sequence[str] = HEADLINE_SETS) -> str:
+    """One sentence: the default's and suffix's time with the CPU vs none on the headline sets (converged GRPO run
+    first), and the default's range over every replay point."""
+    c = c_tok_key(payload)
+    what = dict(zip(HEADLINE_SETS, ("a large batch of a frozen policy", "a converged GRPO run")))
+    bits = []
+    for name in sorted(sets, key=lambda n: n != HEADLINE_SETS[1]):
+        p = find_point(payload, name)
+        if p is not None:
+            bits.append(f"{_num(ratio(p, c, default, 'time_cpu_vs_none'))}x"
+                        + (" the time without speculation" if not bits else "")
+                        + f" on {what.get(name, 'a set')} (`{name}`; vLLM's `suffix`: "
+                          f"{_num(ratio(p, c, 'suffix', 'time_cpu_vs_none'))}x)")
+    vals = [v for v in (ratio(p, c, default, "time_cpu_vs_none") for p in payload["points"]) if math.isfinite(v)]
+    if not bits and not vals:
+        return "_The suite JSON has no result for the default drafter._"
+    head = " and ".join(bits) if bits else f"{_num(min(vals))}-{_num(max(vals))}x the time without speculation"
+    span = f", {_num(min(vals))}-{_num(max(vals))}x over all {len(vals)} replay points" if bits and vals else ""
+    return ("das-trl drafts each GRPO rollout from the run's own earlier rollouts: replaying recorded runs, the "
+            f"default drafter's rollout batch takes {head}{span} (cost-model time at "
+            f"c_tok {_c(c)} ms per token with the drafter's own CPU counted, not a measured GPU wall time).")
+
+
+def readme_block(payload: dict, default: str = DEFAULT) -> str:
+    return (headline_sentence(payload, default) + "\n\n"
+            f"![Running requests over time: none, suffix, the default, oracle-text](docs/img/{HEADLINE_PNG})\n\n"
+            "How this is measured, every set and the bounds: [docs/benchmarks.md](docs/benchmarks.md).")
+
+
+def page_blocks(payload: dict, default: str = DEFAULT) -> dict[str, Callable[[], str]]:
+    """The blocks of ``docs/benchmarks.md`` by marker name (each a function: only the blocks a page has run)."""
+    return {"settings": lambda: settings_block(payload), "headline": lambda: headline_sentence(payload, default),
+            "main-table": lambda: main_table(payload, None, default),
+            "cost-table": lambda: cost_table(payload, default),
+            "sets-table": lambda: sets_table(payload), "reliability": lambda: reliability_block(payload, default),
+            "readme": lambda: readme_block(payload, default)}
+
+
+def replace_blocks(text: str, blocks: dict[str, Callable[[], str]], where: str = "page") -> str:
+    """``text`` with every ``<!-- bench:NAME:start -->`` ... ``<!-- bench:NAME:end -->`` block's content replaced by
+    ``blocks[NAME]()``; ValueError for a marker with no generator."""
+    def sub(m: re.Match) -> str:
+        name = m.group(2)
+        if name not in blocks:
+            raise ValueError(f"{where}: unknown block <!-- bench:{name}:start -->; known: {', '.join(blocks)}")
+        return f"{m.group(1)}{blocks[name]().rstrip()}\n{m.group(4)}"
+
+    return _BLOCK.sub(sub, text)
+
+
+def block_names(text: str) -> list[str]:
+    return [m.group(2) for m in _BLOCK.finditer(text)]
+
+
+# ---------------------------------------------------------------------------- CLI
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="das-trl bench page", description=__doc__.split("\n\n")[0])
+    p.add_argument("--json", required=True, help="the suite JSON (das-trl bench suite --json)")
+    p.add_argument("--pages", nargs="+", default=["docs/benchmarks.md", "README.md"],
+                   help="markdown files whose marked blocks are rewritten (default: %(default)s)")
+    p.add_argument("--img", default="docs/img", help="folder for the figures (default: %(default)s)")
+    p.add_argument("--no-figures", action="store_true", help="rewrite the blocks only")
+    p.add_argument("--check", action="store_true",
+                   help="write nothing; exit 1 if a page's blocks differ from what the JSON gives")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    payload = load(args.json)
+    blocks = page_blocks(payload)
+    stale = []
+    for page in map(Path, args.pages):
+        if not page.is_file():
+            raise FileNotFoundError(f"--pages: {page} is not a file")
+        text = page.read_text()
+        if not block_names(text):
+            raise ValueError(f"--pages: {page} has no <!-- bench:NAME:start --> block")
+        new = replace_blocks(text, blocks, str(page))
+        if new != text:
+            stale.append(str(page))
+            if not args.check:
+                page.write_text(new)
+    if args.check:
+        print("up to date" if not stale else f"differs from {args.json}: {', '.join(stale)}")
+        return 1 if stale else 0
+    for page in stale:
+        print(f"rewrote {page}")
+    if not args.no_figures:
+        from das_trl.bench.figures import write_figures
+
+        for f in write_figures(payload, Path(args.img)):
+            print(f"wrote {f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

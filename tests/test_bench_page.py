@@ -1,0 +1,149 @@
+"""The benchmarks page generator (das-trl bench page) on a small hand-built suite JSON, and the running-request
+traces the suite writes for its figures. No replay runs."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from das_trl.bench import page
+from das_trl.bench.figures import write_figures
+from das_trl.bench.report import DEFAULT, oracle_text_trace, running_trace
+from das_trl.bench.simulation import Bounds, ReplayResult
+
+
+def _ratios(none_ms: float, **vs_none: float) -> dict:
+    out = {"none": {"time_cpu_ms": none_ms, "time_cpu_vs_none": 1.0, "time_cpu_vs_best": 1.0,
+                    "tokens_per_round": 1.0, "cpu_ms_per_step": 0.0, "bound": False}}
+    best = min(1.0, vs_none.get("suffix", 1.0))
+    for name, r in vs_none.items():
+        out[name] = {"time_cpu_ms": none_ms * r, "time_cpu_vs_none": r, "time_cpu_vs_best": r / best,
+                     "tokens_per_round": 1.0 + r, "cpu_ms_per_step": 0.25, "bound": name.startswith("oracle")}
+    return out
+
+
+def _point(name: str, none_ms: float, default: float, **extra) -> dict:
+    by = {}
+    for c in ("0.005", "0.025", "0.1"):
+        r = _ratios(none_ms, suffix=0.9, **{DEFAULT: default, "oracle-trim": 0.5, "oracle-text": 0.1})
+        trace = {"none": [[0.0, 4], [none_ms / 2, 2], [none_ms, 0]],
+                 "suffix": [[0.0, 4], [none_ms * 0.9, 0]],
+                 DEFAULT: [[0.0, 4], [none_ms * default, 0]], "oracle-text": [[0.0, 4], [none_ms * 0.1, 0]]}
+        by[c] = {"ratios": r, "results": [], "traces": trace}
+    return dict({"name": name, "path": f"/data/{name}.jsonl", "eval_epoch": 3, "history_epochs": [0, 1, 2],
+                 "requests": 4, "problems": 2, "tokens": 400, "bounds": None, "by_c_tok": by}, **extra)
+
+
+@pytest.fixture
+def payload() -> dict:
+    return {"c_base_ms": 7.0, "c_tok_ms": [0.005, 0.025, 0.1], "drafters": ["none", "suffix", DEFAULT],
+            "das_config_overrides": {}, "controller_overrides": {}, "draft_threads": 1, "host_speed": 1.0,
+            "async_off_ms": 0.0, "summary": [],
+            "points": [_point("frozen_smollm2_t06", 2000.0, 1.25),
+                       _point("qwen25_05b_gsm8k_grpo_das", 1000.0, 0.5)]}
+
+
+def test_main_table_has_every_point_the_reference_cost_model_and_the_bounds(payload):
+    assert page.c_tok_key(payload) == "0.025" and page.c_tok_keys(payload) == ["0.005", "0.025", "0.1"]
+    payload["points"][0]["by_c_tok"]["0.025"]["ratios"]["none"]["time_cpu_ms"] = 1234.0
+    table = page.main_table(payload).splitlines()
+    assert len(table) == 2 + 2
+    assert "`oracle-trim` / none" in table[0] and "`oracle-text` / none" in table[0]
+    t06 = table[2].split(" | ")
+    assert t06[0] == "| `frozen_smollm2_t06`" and t06[2] == "1234" and t06[3] == "0.90" and t06[4] == "**1.25**"
+    assert t06[5] == "1.39"  # 1.25 / the better of none (1.0) and suffix (0.9)
+    assert table[3].split(" | ")[4] == "**0.50**"
+
+
+def test_optional_keys_get_a_column_and_a_section(payload):
+    # An extra bound ("bound": true) on one point: a column for every point, "-" where absent.
+    extra = dict(payload["points"][1]["by_c_tok"]["0.025"]["ratios"]["oracle-trim"], time_cpu_vs_none=0.4)
+    payload["points"][1]["by_c_tok"]["0.025"]["ratios"]["oracle-trim@32"] = extra
+    table = page.main_table(payload).splitlines()
+    assert table[0].endswith("`oracle-trim@32` / none |")
+    assert table[2].endswith("| - |") and table[3].endswith("| 0.40 |")
+    assert "no reliability data" in page.reliability_block(payload)
+    # The default's reliability summary in its result (das_trl.bench.reliability): one row per point with one.
+    buckets = [{"positions": "1-4", "tokens": 1200, "predicted": 0.61, "realised": 0.55},
+               {"positions": "5-16", "tokens": 0, "predicted": None, "realised": None}]
+    payload["points"][1]["by_c_tok"]["0.025"]["results"] = [{"drafter": "suffix"},
+                                                           {"drafter": DEFAULT, "reliability": {"buckets": buckets}}]
+    rel = page.reliability_block(payload).splitlines()
+    assert rel[0] == "| set | positions 1-4 | positions 5-16 |" and len(rel) == 3
+    assert rel[2] == "| `qwen25_05b_gsm8k_grpo_das` | 0.61 / 0.55 (1,200) | - |"
+    # Any other shape is shown as it is.
+    payload["points"][0]["reliability"] = [{"position": "1-4", "predicted": 0.61, "realised": 0.55}]
+    rel = page.reliability_block(payload)
+    assert "**`frozen_smollm2_t06`**" in rel and "| position | predicted | realised |" in rel
+    assert "| 1-4 | 0.610 | 0.550 |" in rel
+    payload["host"] = {"cpus": 2}
+    payload["das_trl_commit"] = "abc1234"
+    assert "cpus 2" in page.settings_block(payload) and "`abc1234`" in page.settings_block(payload)
+
+
+def test_headline_sentence_quotes_the_json(payload):
+    s = page.headline_sentence(payload)
+    assert "0.50x the time without speculation on a converged GRPO run" in s
+    assert "1.25x on a large batch" in s and "`suffix`: 0.90x" in s and "0.50-1.25x over all 2 replay points" in s
+    assert s.count(".") >= 1 and "\n" not in s
+    del payload["points"][0]
+    assert "over all 1 replay points" in page.headline_sentence(payload)
+
+
+def test_blocks_are_rewritten_and_check_fails_when_stale(payload, tmp_path, capsys):
+    path = tmp_path / "suite.json"
+    path.write_text(json.dumps(payload))
+    md = tmp_path / "page.md"
+    md.write_text("# Title\n\n<!-- bench:main-table:start -->\nold\n<!-- bench:main-table:end -->\n\nprose 1.23\n"
+                  "<!-- bench:readme:start -->\n<!-- bench:readme:end -->\n")
+    argv = ["--json", str(path), "--pages", str(md), "--img", str(tmp_path / "img")]
+    assert page.main(argv + ["--check"]) == 1 and "old" in md.read_text()
+    assert page.main(argv) == 0
+    text = md.read_text()
+    assert "old" not in text and "prose 1.23" in text and page.main_table(payload) in text
+    assert "docs/img/bench_headline.png" in text
+    assert page.main(argv + ["--check"]) == 0
+    for png in ("bench_headline.png", "bench_by_set.png"):
+        assert 0 < (tmp_path / "img" / png).stat().st_size < 150_000
+    md.write_text(text + "<!-- bench:nope:start -->\n<!-- bench:nope:end -->\n")
+    with pytest.raises(ValueError, match="unknown block"):
+        page.main(argv + ["--check"])
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ValueError, match="no 'points'"):
+        page.load(tmp_path / "bad.json")
+
+
+def test_figures_skip_a_headline_without_traces(payload, tmp_path):
+    for p in payload["points"]:
+        for c in p["by_c_tok"].values():
+            c.pop("traces")
+    files = write_figures(payload, tmp_path)
+    assert [f.rsplit("/", 1)[-1] for f in files] == ["bench_by_set.png"]
+
+
+def _result(speculative=True) -> ReplayResult:
+    # 3 steps: 4, 4 -> 2 and 2 -> 0 running requests; per-step tokens, proposer CPU and background ingest.
+    return ReplayResult("x", 4, 40, 10, 12, 8, 3, 0.0, batch_trace=[(0.0, 4), (1.0, 4), (2.0, 2), (3.0, 0)],
+                        step_tokens=[10, 8, 4], proposer_seconds=[0.001, 0.0005, 0.002],
+                        background_seconds=[0.0, 0.050, 0.0], speculative=speculative)
+
+
+def test_running_trace_ends_at_the_time_with_the_cpu():
+    r = _result()
+    for c_tok, hs, off in ((0.025, 1.0, 0.0), (0.1, 2.0, 1.0)):
+        tr = running_trace(r, 7.0, c_tok, hs, off)
+        assert tr[0] == [0.0, 4] and tr[-1][1] == 0
+        assert math.isclose(tr[-1][0], r.time_with_cpu(7.0, c_tok, hs, off), abs_tol=0.01)
+        assert [b for _, b in tr] == [4, 2, 0]  # the unchanged step is thinned away
+    assert running_trace(ReplayResult("y", 1, 1, 1, 0, 0, 1, 7.0), 7.0, 0.025) == []
+
+
+def test_traces_are_thinned_and_oracle_text_ends_at_its_bound():
+    lengths = list(range(1, 400))
+    b = Bounds(0, 0, 0, max(-(-n // 17) for n in lengths), sum(-(-n // 17) for n in lengths), sum(lengths))
+    tr = oracle_text_trace(lengths, 7.0, 0.025, 16, max_points=10)
+    assert len(tr) <= 10 and tr[0] == [0.0, 399] and tr[-1][1] == 0
+    assert math.isclose(tr[-1][0], b.text_time(7.0, 0.025), abs_tol=0.01)
+    assert oracle_text_trace([0, 0], 7.0, 0.025, 16) == [[0.0, 0]]
