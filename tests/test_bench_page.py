@@ -52,7 +52,7 @@ def test_main_table_has_every_point_the_reference_cost_model_and_the_bounds(payl
     assert len(table) == 2 + 2
     assert "`oracle-trim` / none" in table[0] and "`oracle-text` / none" in table[0]
     t06 = table[2].split(" | ")
-    assert t06[0] == "| `frozen_smollm2_t06`" and t06[2] == "1234" and t06[3] == "0.90" and t06[4] == "**1.25**"
+    assert t06[0] == "| `frozen_smollm2_t06`" and t06[2] == "1,234" and t06[3] == "0.90" and t06[4] == "**1.25**"
     assert t06[5] == "1.39"  # 1.25 / the better of none (1.0) and suffix (0.9)
     assert table[3].split(" | ")[4] == "**0.50**"
 

@@ -112,10 +112,14 @@ def settings_block(payload: dict) -> str:
     cs = ", ".join(_c(c) for c in c_tok_keys(payload))
     c_base = payload.get("c_base_ms", math.nan)
     parts = [f"Cost model: `c_base` {_num(c_base, 1)} ms per engine step, `c_tok` {cs} ms per verified token "
-             f"(tables and figures at c_tok {_c(c_tok_key(payload))} unless a column says otherwise); the proposer's "
+             f"(tables and figures at c_tok {_c(c_tok_key(payload))} unless a column says otherwise); the drafter's "
              f"CPU divided by a host speed of {payload.get('host_speed', 1.0):g}, plus "
              f"{payload.get('async_off_ms', 0.0):g} ms per step for every speculative method (async scheduling "
              f"off)."]
+    ks = sorted({p["bounds"]["k"] for p in payload["points"] if isinstance(p.get("bounds"), dict)
+                 and isinstance(p["bounds"].get("k"), int)})
+    if ks:
+        parts.append(f"`oracle-text` draft cap: {', '.join(map(str, ks))} tokens.")
     ov = {k: payload.get(k) for k in ("das_config_overrides", "controller_overrides") if payload.get(k)}
     parts.append("Drafters at their defaults" + (f" except {json.dumps(ov, sort_keys=True)}" if ov else "")
                  + f", {payload.get('draft_threads', 1)} drafting thread(s).")
@@ -136,7 +140,8 @@ def main_table(payload: dict, c: str | None = None, default: str = DEFAULT) -> s
             "default tok/round", "default CPU ms/step"] + [f"`{b}` / none" for b in bounds]
     rows = []
     for p in payload["points"]:
-        rows.append([f"`{p['name']}`", _int(p.get("requests")), _num(ratio(p, c, "none", "time_cpu_ms"), 0),
+        rows.append([f"`{p['name']}`", _int(p.get("requests")), _int(round(ratio(p, c, "none", "time_cpu_ms")))
+                     if math.isfinite(ratio(p, c, "none", "time_cpu_ms")) else "-",
                      _num(ratio(p, c, "suffix", "time_cpu_vs_none")),
                      f"**{_num(ratio(p, c, default, 'time_cpu_vs_none'))}**",
                      _num(ratio(p, c, default, "time_cpu_vs_best")),
@@ -156,12 +161,12 @@ def cost_table(payload: dict, default: str = DEFAULT) -> str:
 
 
 def sets_table(payload: dict) -> str:
-    """Per replay point: its file, the appearance replayed after how many, requests, problems, completion tokens."""
-    head = ["set", "file", "replayed appearance", "history appearances", "requests", "problems", "tokens"]
+    """Per replay point: its file, the appearance replayed (the earlier ones are its history), requests, problems and
+    completion tokens."""
+    head = ["set", "file", "replayed appearance (from 0)", "requests", "problems", "completion tokens"]
     rows = [[f"`{p['name']}`", f"`{Path(str(p.get('path', ''))).name}`", _int(p.get("eval_epoch")),
-             _int(len(p.get("history_epochs") or [])), _int(p.get("requests")), _int(p.get("problems")),
-             _int(p.get("tokens"))] for p in payload["points"]]
-    return _table(head, rows)
+             _int(p.get("requests")), _int(p.get("problems")), _int(p.get("tokens"))] for p in payload["points"]]
+    return _table(head, rows, ["---", "---"] + ["---:"] * 4)
 
 
 def _cells(x) -> str:

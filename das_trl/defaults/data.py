@@ -43,7 +43,8 @@ DEFAULT_SYSTEM_PROMPT = (
 #: System prompt of the main job (``recipes/configs/embedded_default.yaml``: 1-digit reasoning-gym ``products``):
 #: asks for the computation as an equation, which :func:`das_trl.defaults.rewards.equation_reward` rewards. With it the
 #: packaged SmolLM2-135M-Instruct answered 49% of 128 sampled 1-digit products right (35% with
-#: ``DEFAULT_SYSTEM_PROMPT``, 31% with none), and every 8-sample group had reward variance (docs/benchmarks.md).
+#: ``DEFAULT_SYSTEM_PROMPT``, 31% with none), and every 8-sample group had reward variance (benchmarks/NOTES.md,
+#: "Choosing the main job's task").
 ARITHMETIC_SYSTEM_PROMPT = (
     "You are a helpful assistant. Answer with the calculation and its result, for example: 3 * 4 = 12"
 )

@@ -1,6 +1,6 @@
 """The native core's containers and the live automata built on them at sizes where their large-table paths run:
 hash tables that double incrementally into mapped pages, arrays that grow by mremap (flat_map.h, pod_vector.h;
-why: docs/benchmarks.md, "the 256 x 16k stall")."""
+why: benchmarks/NOTES.md, "Two long proposer calls at 256 x 16k")."""
 
 import numpy as np
 import pytest
