@@ -66,7 +66,14 @@ def test_suite_table_json_and_plots(sets, tmp_path, capsys):
     for r in rows:
         for key in ("time_cpu_vs_none", "time_cpu_vs_best", "gap_to_trim", "tokens_per_round"):
             assert r[key] == r[key], key  # not nan
-    assert len(list((tmp_path / "plots").glob("*.png"))) == 4 * 2
+    # one per point and cost model, and the reliability figure (at the middle cost model)
+    assert len(list((tmp_path / "plots").glob("*.png"))) == 4 * 2 + 1
+    assert (tmp_path / "plots" / "reliability_ctok0.1.png").exists()
+    assert "predicted (controller) / realised acceptance" in text
+    res = {r["drafter"]: r for r in point["by_c_tok"]["0.025"]["results"]}
+    rel = res["das+controller"]["reliability"]
+    sent = sum(b["tokens"] for b in rel["buckets"])
+    assert sent == sum(rel["per_position"]["tokens"]) > 0 and "reliability" not in res["suffix"]
 
 
 def test_recosting_equals_a_replay_under_that_cost_model(sets):

@@ -104,6 +104,7 @@ class ReplayResult:
     cpu_clock: str = "thread"        # "thread" (CPU time of the calling thread), "wall" or "none"
     cpu_representative: bool = True  # False: the replay's implementation is not what the engine runs (ngram)
     counters: dict = field(repr=False, default_factory=dict)  # drafter-specific (the Speculator's counters)
+    reliability: dict = field(repr=False, default_factory=dict)  # das_trl.bench.reliability summary (controller)
 
     @property
     def tokens_per_round(self) -> float:
@@ -153,6 +154,8 @@ class ReplayResult:
                "drafter_seconds": self.drafter_seconds, "background_seconds": float(np.sum(self.background_seconds)),
                "speculative": self.speculative, "cpu_clock": self.cpu_clock,
                "cpu_representative": self.cpu_representative, "counters": self.counters}
+        if self.reliability:
+            out["reliability"] = self.reliability
         if c_base is not None and c_tok is not None:
             cpu = self.cpu_ms(c_base, c_tok, host_speed)
             out.update(time_ms=self.time_at(c_base, c_tok),
@@ -290,4 +293,5 @@ def _replay_batch(drafter: Drafter, eval_records: list[RolloutRecord], prefix: s
     return ReplayResult(drafter.name, n, tokens, rounds, drafted_total, accepted_total, steps, t_ms, passes,
                         [len(c) for c in comps], trace, float(sum(crit)), step_tokens, crit, background,
                         speculative=drafter.speculative, cpu_clock=drafter.cpu_clock_name,
-                        cpu_representative=drafter.cpu_representative, counters=drafter.replay_counters())
+                        cpu_representative=drafter.cpu_representative, counters=drafter.replay_counters(),
+                        reliability=drafter.reliability_summary())

@@ -42,8 +42,9 @@ from typing import Sequence
 
 from das_trl.bench.drafters import ALL_DRAFTERS, COST_AWARE, controller_config, make_drafter
 from das_trl.bench.options import json_overrides
+from das_trl.bench.reliability import format_reliability, write_reliability_plot
 from das_trl.bench.replay import add_cpu_args
-from das_trl.bench.report import format_point, format_summary, write_plot, write_suite_json
+from das_trl.bench.report import DEFAULT, format_point, format_summary, write_plot, write_suite_json
 from das_trl.bench.sets import find_sets, load_epochs, set_name, split_epochs
 from das_trl.bench.simulation import Bounds, ReplayResult, simulate
 from das_trl.budget.controller import ControllerConfig
@@ -121,6 +122,18 @@ def run_point(path: Path, epochs: dict, eval_epoch: int, drafters: Sequence[str]
     return point
 
 
+def reliability_rows(points: Sequence[Point], c_toks: Sequence[float], drafter: str = DEFAULT) -> list[tuple[str, dict]]:
+    """``(\"<point> <c_tok>\", reliability summary)`` of ``drafter``'s replay at every point and cost model (drafters
+    without a budget controller have none)."""
+    rows = []
+    for p in points:
+        for c in c_toks:
+            for r in p.results.get(c, []):
+                if r.name == drafter and r.reliability:
+                    rows.append((f"{p.name} {c:g}", r.reliability))
+    return rows
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="das-trl bench suite", description=__doc__.split("\n\n")[0])
     p.add_argument("--sets", nargs="+", required=True, help="folders (searched for *.jsonl, *.jsonl.gz) or files")
@@ -169,6 +182,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print()
             print(f"({point.name}: {time.perf_counter() - t0:.0f} s)\n", flush=True)
     print(format_summary(points, args.c_base, args.c_tok, args.host_speed, args.async_off_ms))
+    rel = reliability_rows(points, args.c_tok)
+    if rel:
+        print()
+        print(format_reliability(rel))
     if args.json:
         write_suite_json(args.json, {"c_base_ms": args.c_base, "c_tok_ms": args.c_tok, "drafters": drafters,
                                      "das_config_overrides": das_ov, "controller_overrides": ctl_ov,
@@ -176,6 +193,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                          points, args.c_base, args.c_tok, args.host_speed, args.async_off_ms)
         print(f"wrote {args.json}")
     if args.plots:
+        if rel:
+            mid = args.c_tok[len(args.c_tok) // 2]
+            print(f"wrote {write_reliability_plot([(label, r) for label, r in rel if label.endswith(f' {mid:g}')], Path(args.plots) / f'reliability_ctok{mid:g}.png')}")
         for p in points:
             for c_tok in args.c_tok:
                 print(f"wrote {write_plot(p, args.c_base, c_tok, Path(args.plots), args.host_speed, args.async_off_ms)}")

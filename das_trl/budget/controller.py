@@ -1010,6 +1010,34 @@ class BudgetController:
         self.last_expected_kept = kept
         return capped
 
+    def predicted_acceptance(self, plan: StepPlan, accept: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """The per-position acceptance estimates :meth:`cut` decides on, for diagnostics (the replay's reliability
+        record; not on the engine's path): ``min(accept * survival * acceptance_ratio, 1)``, recomputed in numpy
+        from the same deterministic samples. Call right after the step's :meth:`cut` (the ratio moves with the next
+        step's outcomes).
+
+        Args:
+            plan: the step's :meth:`plan`.
+            accept: ``float64 [m, K]`` the drafted rows' cumulative estimates (``DraftBatch.accept``).
+            rows: ``int [m]`` those rows' indices in the plan.
+
+        Returns:
+            ``float64 [m, K]``: entry ``[i, j]`` is the estimated probability that draft positions ``0 .. j`` of
+            row ``i`` are all accepted, the request's end included.
+        """
+        accept = np.asarray(accept, dtype=np.float64)
+        idx = np.asarray(rows, dtype=np.int64).reshape(-1)
+        m, k = accept.shape
+        if m == 0:
+            return np.zeros((0, k))
+        cfg = self.config
+        table, counts, pooled = self.lengths.gather(plan.problem_keys[idx])
+        cap = None if plan.max_remaining is None else plan.max_remaining[idx]
+        rem = remaining_samples(table, counts, pooled, plan.generated[idx], cap, self._stratified(m),
+                                cfg.num_samples, cfg.pooled_weight, cfg.length_jitter, cfg.extrapolation_fraction,
+                                cfg.min_remaining)
+        return np.minimum(accept * survival(rem, k) * self.acceptance_ratio, 1.0)
+
     # ------------------------------------------------------------------ per step
     def budgets(self, accept: np.ndarray, problem_keys: np.ndarray, output_len: np.ndarray,
                 num_rounds: np.ndarray | None = None, max_output: np.ndarray | None = None) -> np.ndarray:

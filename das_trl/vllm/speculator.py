@@ -76,6 +76,8 @@ class Speculator:
         self._dslot = np.zeros(256, np.int32)  # per slot: the request's slot in the native drafter
         self._last_dslots = np.zeros(0, np.int32)
         self._silent = False  # the last step sent no draft
+        self.last_plan = None  # the last step's StepPlan (None after a quiet step), for diagnostics (the replay's
+        # reliability record: BudgetController.predicted_acceptance)
         self._fills: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # value -> (read-only buffer, last view)
         self._views_key: tuple[int, int] | None = None  # (rows, K) of self._views
         self._no_rows = (np.zeros(0, np.int32), np.zeros(0, np.float64))
@@ -213,6 +215,7 @@ class Speculator:
             ctl.observe_step(n + observed.checked, step_ms)
         plan = ctl.plan(inputs.key, inputs.output_len, inputs.rounds, inputs.max_output, inputs.caps, inputs.acceptance,
                         slots, inputs.send)
+        self.last_plan = plan
         planned = int(np.count_nonzero(plan.draft))
         zeros = self._filled(0, n)  # np.where with an array of zeros costs a third of one with a numpy scalar 0
         budgets = np.where(plan.draft, inputs.caps, zeros) if planned else zeros
@@ -244,6 +247,7 @@ class Speculator:
         step and nothing is drafted now, so there is no verification to learn from and nothing to cut; the drafter
         only takes the new tokens (off the critical path where it defers its ingest)."""
         self._book.decay()
+        self.last_plan = None
         n = len(slots)
         out = self._drafter_step(req_ids, token_matrix, rows, num_tokens, num_prompt, num_sampled, verified,
                                  self._filled(0, n), self.drafter.config.max_spec_tokens)

@@ -103,6 +103,12 @@ class Drafter:
         """Drafter-specific counters of the last batch (JSON-serializable), kept in the result."""
         return {}
 
+    def reliability_summary(self) -> dict:
+        """The last batch's predicted vs realised acceptance per draft position and source
+        (:meth:`das_trl.bench.reliability.ReliabilityRecord.to_dict`); empty for drafters without a budget
+        controller."""
+        return {}
+
 
 class NoDrafter(Drafter):
     """No speculation: every round emits one token (the baseline of ``tail vs none`` and ``speedup``). The engine

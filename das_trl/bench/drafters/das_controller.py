@@ -25,6 +25,7 @@ from collections import defaultdict
 
 import numpy as np
 
+from das_trl.bench.reliability import ReliabilityRecord
 from das_trl.budget.controller import BudgetController, ControllerConfig
 from das_trl.drafter import DrafterConfig
 from das_trl.vllm.speculator import Speculator
@@ -48,6 +49,7 @@ class DASControllerDrafter(DASReplayDrafter):
         self._counters_at_begin: dict[str, int] = {}
         self.speculated_per_step: list[int] = []
         self.silent_per_step: list[int] = []
+        self.reliability = ReliabilityRecord()  # the last batch's predicted vs realised acceptance
 
     def prepare(self, train_epochs):
         super().prepare(train_epochs)
@@ -73,6 +75,7 @@ class DASControllerDrafter(DASReplayDrafter):
         self._finishing, self._finished = [], []
         self._counters_at_begin = dict(self.speculator.counters)
         self.speculated_per_step, self.silent_per_step = [], []
+        self.reliability = ReliabilityRecord()
 
     def start(self, rid, rec):
         prompt = np.asarray(rec.prompt_ids, np.int64)
@@ -103,7 +106,9 @@ class DASControllerDrafter(DASReplayDrafter):
         return rids, out
 
     def draft_step(self, running, contexts):
-        _, out = self._engine_step(running)
+        rids, out = self._engine_step(running)
+        if out is not None:
+            self._record_sent(rids, out)
         return [out.tokens[i, : out.lengths[i]].tolist() if out.lengths[i] else [] for i in range(len(running))]
 
     def drain(self):
@@ -115,8 +120,23 @@ class DASControllerDrafter(DASReplayDrafter):
                 self.speculator.finish(rid)
         self._finished = []
 
+    def _record_sent(self, rids: list[str], out) -> None:
+        """The estimates of every sent draft token, for :attr:`reliability` (after the timed call: diagnostics)."""
+        plan = self.speculator.last_plan
+        sent = out.lengths.nonzero()[0]
+        if plan is None or not len(sent):
+            return
+        predicted = self.controller.predicted_acceptance(plan, out.accept[sent], sent)
+        for j, i in enumerate(sent.tolist()):
+            n = int(out.lengths[i])
+            self.reliability.sent(rids[i], int(out.source[i]), predicted[j, :n], out.accept[i, :n])
+
     def feedback(self, rid, drafted, accepted):
-        pass  # the Speculator learns every outcome from the next step's tokens gained
+        # The Speculator learns every outcome from the next step's tokens gained; the record is the replay's.
+        self.reliability.verified(rid, drafted, accepted)
+
+    def reliability_summary(self) -> dict:
+        return self.reliability.to_dict()
 
     def replay_counters(self):
         now = self.speculator.counters
