@@ -15,6 +15,19 @@ SOURCE_ORDER = ("problem", "siblings", "local", "batch", "global")
 MATCH_BUCKETS = (1, 2, 4, 8)
 
 
+#: Upper edges of the draft-position buckets of the acceptance calibration (1-based positions): 1, 2, 3-4, 5-8, 9-16,
+#: 17-32, 33+.
+POSITION_BUCKETS = (1, 2, 4, 8, 16, 32)
+
+
+def position_bucket(position: int) -> int:
+    """Bucket index of a 0-based draft position (0 .. len(POSITION_BUCKETS))."""
+    for i, edge in enumerate(POSITION_BUCKETS):
+        if position < edge:
+            return i
+    return len(POSITION_BUCKETS)
+
+
 def match_bucket(match_len: int) -> int:
     """Bucket index of a match length (0 .. len(MATCH_BUCKETS))."""
     for i, edge in enumerate(MATCH_BUCKETS):

@@ -5,37 +5,57 @@ import pytest
 
 from drafter_utils import make_drafter
 from das_trl.drafter.reference.calibration import AcceptanceCalibrator
-from das_trl.drafter.sources import SOURCE_ORDER, match_bucket
+from das_trl.drafter.sources import SOURCE_ORDER, match_bucket, position_bucket
 
 
-def test_empty_calibrator_keeps_the_prior_and_makes_it_non_increasing():
+def test_empty_calibrator_keeps_the_prior_as_products_of_conditionals():
     cal = AcceptanceCalibrator(SOURCE_ORDER)
-    assert cal.ratio("problem", 3, 0.5) == 1.0
-    assert cal.calibrate("problem", 3, [0.9, 0.5, 0.6, 0.2]) == [0.9, 0.5, 0.5, 0.2]
+    assert cal.ratio("problem", 3, 0, 0.5) == 1.0
+    # conditionals 0.9, 0.5/0.9, 0.6/0.5 -> capped at 1, 0.2/0.6: the running products never rise
+    out = cal.calibrate("problem", 3, [0.9, 0.5, 0.6, 0.2])
+    assert out == [0.9, pytest.approx(0.5), pytest.approx(0.5), pytest.approx(0.5 * 0.2 / 0.6)]
 
 
 def test_rejections_lower_and_acceptances_raise_the_estimate_per_cell():
     cal = AcceptanceCalibrator(SOURCE_ORDER, pseudocount=4.0)
     for _ in range(50):
-        cal.observe("global", 2, [0.5, 0.5], num_accepted=0)  # predicted 1.0 token, got 0
-        cal.observe("local", 2, [0.5, 0.5], num_accepted=2)  # predicted 1.0, got 2
-    assert cal.ratio("global", 2, 0.5) == pytest.approx(4 / 54)
-    assert cal.calibrate("global", 2, [0.5])[0] == pytest.approx(0.5 * 4 / 54)
-    assert cal.ratio("local", 2, 0.5) == pytest.approx(104 / 54)
-    assert cal.calibrate("local", 2, [0.55, 0.51]) == [1.0, pytest.approx(0.51 * 104 / 54)]  # capped at 1
-    # Other cells are untouched: another source, another match-length bucket, another prior bin.
-    assert cal.ratio("problem", 2, 0.5) == 1.0
-    assert cal.ratio("global", 9, 0.5) == 1.0
-    assert cal.ratio("global", 2, 0.95) == 1.0
+        cal.observe("global", 2, [0.5, 0.25], num_accepted=0)  # the first token rejected: the second never tried
+        cal.observe("local", 2, [0.5, 0.25], num_accepted=2)   # both accepted (conditionals 0.5, 0.5)
+    # the cell and its (source, position) parent both hold 0 hits / 25 expected; the cell shrinks to the parent
+    parent = 4 / 29
+    assert cal.ratio("global", 2, 0, 0.5) == pytest.approx((0 + 4 * parent) / 29)
+    assert cal.ratio("global", 2, 1, 0.5) == 1.0  # position 2 was never tried
+    assert cal.calibrate("global", 2, [0.5])[0] == pytest.approx(0.5 * (4 * parent) / 29)
+    up = 54 / 29
+    assert cal.ratio("local", 2, 0, 0.5) == pytest.approx((50 + 4 * up) / 29)
+    assert cal.ratio("local", 2, 1, 0.5) == pytest.approx((50 + 4 * up) / 29)
+    assert cal.calibrate("local", 2, [0.55, 0.3]) == [1.0, 1.0]  # capped at 1
+    # Other cells: another source is untouched; another match bucket or bin of the same position takes the parent.
+    assert cal.ratio("problem", 2, 0, 0.5) == 1.0
+    assert cal.ratio("global", 9, 0, 0.5) == pytest.approx(4 * parent / 4)
+    assert cal.ratio("global", 2, 0, 0.95) == pytest.approx(parent)
     assert cal.observed_tokens == 200
+
+
+def test_far_positions_learn_their_own_decay():
+    """A tree path that says "certain" all along (conditionals 1.0), of which verification accepts the first 4 of
+    every 12 tokens: positions 1-4 learn acceptance, positions 5-8 rejection (only position 5 is ever tried), and
+    positions 9+ stay untried."""
+    cal = AcceptanceCalibrator(["s"], pseudocount=1.0)
+    for _ in range(200):
+        cal.observe("s", 5, [0.9] * 12, num_accepted=4)
+    est = cal.calibrate("s", 5, [0.9] * 12)
+    assert est[3] > 0.95 and est[4] < 0.01
+    assert cal.ratio("s", 5, 4, 1.0) < 0.01 and cal.ratio("s", 5, 8, 1.0) == 1.0
 
 
 def test_accepted_prefix_labels_and_clipping():
     cal = AcceptanceCalibrator(["s"], bins=1, pseudocount=1.0)
-    cal.observe("s", 1, [0.8, 0.6, 0.4], num_accepted=2)
-    assert cal.hits.sum() == 2 and cal.expected.sum() == pytest.approx(1.8)
+    cal.observe("s", 1, [0.8, 0.6, 0.4], num_accepted=1)  # token 0 accepted, token 1 rejected, token 2 not tried
+    assert cal.hits.sum() == 1 and cal.expected.sum() == pytest.approx(0.8 + 0.6 / 0.8)
     cal.observe("s", 1, [0.8], num_accepted=7)  # clipped to the draft length
-    assert cal.hits.sum() == 3
+    assert cal.hits.sum() == 2
+    assert cal.observed_tokens == 4  # verified tokens, tried or not
 
 
 def test_counts_decay_past_the_cap_so_the_ratio_follows_drift():
@@ -45,7 +65,7 @@ def test_counts_decay_past_the_cap_so_the_ratio_follows_drift():
     assert cal.expected.max() <= 100.0
     for _ in range(300):  # the policy now agrees with the history: the ratio recovers
         cal.observe("s", 1, [0.5], num_accepted=1)
-    assert cal.ratio("s", 1, 0.5) > 1.5
+    assert cal.ratio("s", 1, 0, 0.5) > 1.5
 
 
 def test_bad_arguments_raise():
@@ -54,8 +74,10 @@ def test_bad_arguments_raise():
     with pytest.raises(ValueError):
         AcceptanceCalibrator(["s"], pseudocount=0.0)
     with pytest.raises(KeyError):
-        AcceptanceCalibrator(["s"]).ratio("nope", 1, 0.5)
+        AcceptanceCalibrator(["s"]).ratio("nope", 1, 0, 0.5)
     assert [match_bucket(m) for m in (1, 2, 3, 4, 5, 8, 9, 100)] == [0, 1, 2, 2, 3, 3, 4, 4]
+    assert [position_bucket(i) for i in (0, 1, 2, 3, 4, 7, 8, 15, 16, 31, 32, 63)] == [0, 1, 2, 2, 3, 3, 4, 4, 5, 5,
+                                                                                     6, 6]
 
 
 def _drafter_with_history(**kw):
@@ -86,7 +108,7 @@ def test_drafter_learns_from_rejected_drafts(calibrate):
     assert s["verified_drafts"] == (s["drafts"]) and s["accepted_tokens"] == 0
     if calibrate:
         assert len(draft) < len(first)
-        assert min(min(row) for row in d.calibration()["problem"]) < 0.5
+        assert min(min(min(bins) for bins in row) for row in d.calibration()["problem"]) < 0.5
     else:
         assert draft == first and d.calibration() == {}
 
@@ -107,9 +129,9 @@ def test_new_step_decays_counts_towards_the_prior():
     cal = AcceptanceCalibrator(["s"], bins=1, pseudocount=1.0, step_decay=0.5)
     for _ in range(40):
         cal.observe("s", 1, [0.5], num_accepted=0)
-    low = cal.ratio("s", 1, 0.5)
+    low = cal.ratio("s", 1, 0, 0.5)
     cal.new_step()
-    assert cal.expected.sum() == pytest.approx(10.0) and cal.ratio("s", 1, 0.5) > low
+    assert cal.expected.sum() == pytest.approx(10.0) and cal.ratio("s", 1, 0, 0.5) > low
     with pytest.raises(ValueError):
         AcceptanceCalibrator(["s"], step_decay=1.5)
 

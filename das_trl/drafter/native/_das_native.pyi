@@ -75,7 +75,8 @@ class Drafter:
         """The problem key of request ``slot``. Raises ``KeyError`` for an unknown slot."""
 
     def propose(self, slots: _I32, budgets: _I32, tokens: _I32, accept: _F64, lengths: _I32, source: _I8,
-                match_len: _I32, fill_idle: bool = True) -> None:
+                match_len: _I32, fill_idle: bool = True, row_weights: _F64 | None = None,
+                c_tok: float = 0.0) -> None:
         """Draft for ``n`` active requests at once (GIL released).
 
         Args:
@@ -88,15 +89,22 @@ class Drafter:
             match_len: out, ``int32[n]`` context tokens matched by the winning source.
             fill_idle: zero the ``tokens``/``accept`` rows of rows that do not draft (pass False for buffers that
                 are zero already); a drafting row is written whole (zeros past its length).
+            row_weights: ``float64[n]`` value-aware choice (``reference/arbitration.py``): each row's weight, ms
+                (what one more verification round of the row adds to the batch's expected cost): the candidate with
+                the lowest cost per token of progress wins and a draft ends below ``c_tok / (weight + c_tok)``.
+                ``None``: the largest sum of estimates wins.
+            c_tok: ms per verified token (with ``row_weights``).
 
         Raises:
-            ValueError: a row count differs from ``n`` or ``tokens``/``accept`` do not have K columns.
+            ValueError: a row count differs from ``n``, ``tokens``/``accept`` do not have K columns, or a weight or
+                ``c_tok`` is negative or not finite.
             KeyError: an inactive slot.
         """
 
     def step(self, matrix: _I32, slots: _I32, rows: _I32, num_tokens: _I32, num_prompt: _I32, num_sampled: _I32,
              num_verified: _I32, budgets: _I32, tokens: _I32, accept: _F64, lengths: _I32, source: _I8,
-             match_len: _I32, fill_idle: bool = True, release: bool = True) -> None:
+             match_len: _I32, fill_idle: bool = True, release: bool = True, row_weights: _F64 | None = None,
+             c_tok: float = 0.0) -> None:
         """One engine step for ``n`` rows, reading each row's text from the engine's token matrix (GIL released).
 
         Row i is request ``slots[i]``, whose text is ``matrix[rows[i], :num_tokens[i]]`` (``int32[R, L]``, vLLM's
@@ -104,7 +112,7 @@ class Drafter:
         The verification of the row's previous draft is recorded (accepted = ``min(verified, num_sampled - 1)``,
         verified = its draft length, capped by ``num_verified[i]`` when ``>= 0``), the new output tokens are
         appended (a request whose output shrank is restarted: preemption), then the row is drafted with
-        ``budgets[i]``. Outputs (and ``fill_idle``) as in :meth:`propose`. When no row has a budget > 0 and
+        ``budgets[i]``. Outputs (and ``fill_idle``, ``row_weights``, ``c_tok``) as in :meth:`propose`. When no row has a budget > 0 and
         ``background_ingest`` is on, the new tokens are copied and left to the ingest thread, and the call returns
         without touching the automata; with ``defer_idle_rows`` a drafting step leaves the rows without a budget to
         the thread too (ingesting only the drafting rows' tokens before it drafts). ``release=False``: the deferred tokens are
@@ -182,8 +190,11 @@ class Drafter:
     def acceptance_totals(self) -> tuple[int, int, int]:
         """``(verified_drafts, verified_tokens, accepted_tokens)`` since creation."""
 
-    def calibration_ratio(self, source: int, bucket: int, bin: int) -> float:
-        """The acceptance calibration's observed/estimated ratio for a source, match-length bucket and bin."""
+    def calibration_ratio(self, source: int, bucket: int, position: int, bin: int) -> float:
+        """The acceptance calibration's ratio applied to a conditional prior of a source, match-length bucket (0-4),
+        draft-position bucket (0-6: positions 1, 2, 3-4, 5-8, 9-16, 17-32, 33+) and bin (0-9): the cell's
+        observed/estimated ratio shrunk towards its (source, position bucket) parent's. ``ValueError`` out of
+        range."""
 
     def check(self) -> str:
         """Integrity check of every automaton and request (for tests): ``""`` when consistent, else a description

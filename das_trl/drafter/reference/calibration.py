@@ -1,23 +1,31 @@
 """Online calibration of estimated acceptance probabilities from verification outcomes.
 
 Why. The evidence model of ``arbitration.py`` (a_i = p_i * n/(n+kappa) * m/(m+mu)) is a prior: how often a draft
-token is really accepted depends on the sampling temperature, on how far the policy has drifted from the history, and
-on the source (a per-problem tree built from 8 samples is right more often than its count ratio says; a global tree
-drafting into a T = 1.0 rollout much less often). The engine verifies every draft, so the drafter learns this: DAS is
-distribution-aware, and the acceptance it observes on the run's own rollouts is the most direct measurement of the
-current distribution there is.
+token is really accepted depends on the sampling temperature, on how far the policy has drifted from the history, on
+the source (a per-problem tree built from 8 samples is right more often than its count ratio says; a global tree
+drafting into a T = 1.0 rollout much less often) and on how far into the draft the token lies (a tree path seen in
+every history sample says "certain" for 60 tokens; a sampled rollout leaves it within a few). The engine verifies
+every draft, so the drafter learns this: DAS is distribution-aware, and the acceptance it observes on the run's own
+rollouts is the most direct measurement of the current distribution there is.
 
-How. Cells are (source, match-length bucket, bin of the prior a_i). Each verified draft token i adds its prior a_i to
-its cell's ``expected`` mass and 1 to ``hits`` when it was accepted (a chain draft is accepted up to its first
-mismatch, so token i is accepted iff ``i < num_accepted``; a_i is the probability of that event, as arctic's
-probabilities are cumulative). The calibrated estimate is a_i * (hits + s) / (expected + s): the observed/predicted
-ratio, shrunk to 1 by ``s`` pseudo-observations so that an empty cell keeps the prior.
+How. A chain draft is accepted up to its first mismatch, so the chance that its first i + 1 tokens hold is the
+product of each token's chance given that the ones before it held. The prior of token i given the earlier ones is
+r_0 = a_0 and r_i = a_i / a_{i-1} (the tree's count ratio; arctic's probabilities are cumulative). Cells are
+(source, match-length bucket, draft-position bucket, bin of r_i). Each verified draft teaches the tokens up to and
+including its first rejected one (the later ones were never tried): token i adds r_i to its cell's ``expected`` mass
+and 1 to ``hits`` when accepted. A cell's ratio is ``(hits + s R) / (expected + s)``: shrunk by ``s``
+pseudo-observations towards R, the ratio of its (source, position bucket) parent, itself ``(H + s) / (E + s)`` over
+all the parent's tokens; so a rarely seen cell takes its position's pooled correction. The calibrated estimate of
+token i is ``min(1, r_i * ratio)``, and the draft's cumulative estimates are their running products (non-increasing
+by construction).
 
 Forgetting. A cell whose estimate falls below the drafting threshold is no longer drafted from, so it gets no new
 observations. :meth:`AcceptanceCalibrator.new_step` (called by the drafter at every history push, i.e. once per GRPO
-step) multiplies all counts by ``step_decay``: such a cell drifts back towards the evidence model within a few steps
-and is tried again, and the correction follows a policy whose acceptance changes in either direction. Counts are
-also halved when a cell's mass passes ``cap`` within a step.
+step) multiplies all counts by ``step_decay``: such a cell drifts back towards its parent and the evidence model
+within a few steps and is tried again, and the correction follows a policy whose acceptance changes in either
+direction. Counts are also halved when a cell's (or a parent's) mass passes ``cap`` within a step.
+
+The native core's ``calibrator.h`` is a port with the same arithmetic in the same order (drafts compare equal).
 """
 
 from __future__ import annotations
@@ -26,18 +34,21 @@ from typing import Sequence
 
 import numpy as np
 
-from ..sources import MATCH_BUCKETS, match_bucket
+from ..sources import MATCH_BUCKETS, POSITION_BUCKETS, match_bucket, position_bucket
 
-_BUCKET_OF = [match_bucket(m) for m in range(MATCH_BUCKETS[-1] + 1)]  # lookup table for the hot path
+_BUCKET_OF = [match_bucket(m) for m in range(MATCH_BUCKETS[-1] + 1)]  # lookup tables for the hot path
+_POSITION_OF = [position_bucket(i) for i in range(POSITION_BUCKETS[-1] + 1)]
+_NUM_POSITIONS = len(POSITION_BUCKETS) + 1
 
 
 class AcceptanceCalibrator:
-    """Per-(source, match-length bucket, prior-probability bin) ratio of observed to predicted accepted draft tokens.
+    """Per-(source, match-length bucket, draft-position bucket, conditional-prior bin) ratio of observed to
+    predicted accepted draft tokens, shrunk towards the (source, position bucket) ratio (see the module docstring).
 
     Args:
         sources: source names (``das_trl.drafter.sources.SOURCE_ORDER``); unknown names are rejected with ``KeyError``.
-        bins: equal-width bins of the prior a in [0, 1] (int >= 1).
-        pseudocount: s, pseudo-observations at ratio 1 (float > 0).
+        bins: equal-width bins of the conditional prior r in [0, 1] (int >= 1).
+        pseudocount: s, pseudo-observations at the parent's ratio (float > 0).
         cap: a cell's expected mass at which its counts are halved (float > pseudocount).
         step_decay: factor applied to all counts by :meth:`new_step` (float in [0, 1]; 1 = never forget).
 
@@ -54,17 +65,20 @@ class AcceptanceCalibrator:
         self.bins = int(bins)
         self.pseudocount = float(pseudocount)
         self.cap = float(cap)
-        rows = len(self._index) * (len(MATCH_BUCKETS) + 1)
+        rows = len(self._index) * (len(MATCH_BUCKETS) + 1) * _NUM_POSITIONS
+        parents = len(self._index) * _NUM_POSITIONS
         # Plain Python lists, not numpy: calibrate() and observe() run per draft on the engine's critical path, where a
         # numpy scalar access costs ~0.1-0.3 us.
         self._expected = [[0.0] * self.bins for _ in range(rows)]
         self._hits = [[0.0] * self.bins for _ in range(rows)]
-        self._ratios = [[1.0] * self.bins for _ in range(rows)]
+        self._parent_expected = [0.0] * parents
+        self._parent_hits = [0.0] * parents
         self.observed_tokens = 0
 
     @property
     def expected(self) -> np.ndarray:
-        """Predicted accepted tokens per cell, ``float64 [sources * match buckets, bins]`` (a copy)."""
+        """Predicted accepted tokens per cell, ``float64 [sources * match buckets * position buckets, bins]`` (a
+        copy)."""
         return np.array(self._expected)
 
     @property
@@ -72,64 +86,96 @@ class AcceptanceCalibrator:
         """Accepted tokens per cell, same shape as :attr:`expected` (a copy)."""
         return np.array(self._hits)
 
-    def _bin(self, a: float) -> int:
-        return min(self.bins - 1, max(0, int(a * self.bins)))
+    def _bin(self, r: float) -> int:
+        b = int(r * self.bins)
+        return b if b < self.bins - 1 else self.bins - 1
 
-    def _row(self, source: str, match_len: int) -> int:
+    def _row(self, source: str, match_len: int, position: int) -> int:
         nb = len(MATCH_BUCKETS) + 1
-        return self._index[source] * nb + (_BUCKET_OF[match_len] if match_len < len(_BUCKET_OF) else nb - 1)
+        m = _BUCKET_OF[match_len] if match_len < len(_BUCKET_OF) else nb - 1
+        return (self._index[source] * nb + m) * _NUM_POSITIONS + self._position(position)
 
-    def ratio(self, source: str, match_len: int, a: float) -> float:
-        """Observed / predicted acceptance of the cell holding prior ``a`` (1.0 with no observations)."""
-        return self._ratios[self._row(source, match_len)][self._bin(a)]
+    def _parent(self, source: str, position: int) -> int:
+        return self._index[source] * _NUM_POSITIONS + self._position(position)
+
+    @staticmethod
+    def _position(i: int) -> int:
+        return _POSITION_OF[i] if i < len(_POSITION_OF) else _NUM_POSITIONS - 1
+
+    @staticmethod
+    def _conditional(prior: Sequence[float], i: int) -> float:
+        if i == 0:
+            return min(max(prior[0], 0.0), 1.0)
+        before = prior[i - 1]
+        if not before > 0.0:
+            return 0.0
+        return min(max(prior[i] / before, 0.0), 1.0)
+
+    def _ratio(self, row: int, parent: int, b: int) -> float:
+        pc = self.pseudocount
+        up = (self._parent_hits[parent] + pc) / (self._parent_expected[parent] + pc)
+        return (self._hits[row][b] + pc * up) / (self._expected[row][b] + pc)
+
+    def ratio(self, source: str, match_len: int, position: int, r: float) -> float:
+        """The ratio applied to conditional prior ``r`` of 0-based draft ``position`` (1.0 with no observations)."""
+        return self._ratio(self._row(source, match_len, position), self._parent(source, position), self._bin(r))
 
     def calibrate(self, source: str, match_len: int, prior: Sequence[float], floor: float = 0.0) -> list[float]:
-        """Calibrated acceptance estimates for one draft: ``min(1, a_i * ratio)``, made non-increasing along the
-        draft (token i+1 can only be accepted if token i is). ``prior``: the a_i, chain order; ``match_len``: context
-        tokens the draft's tree matched. The list stops before the first estimate below ``floor`` (the drafting
-        threshold: the rest would be cut anyway)."""
-        ratios = self._ratios[self._row(source, match_len)]
-        nbins, top = self.bins, self.bins - 1
+        """Calibrated cumulative acceptance estimates for one draft: the running product of ``min(1, r_i * ratio)``
+        (non-increasing). ``prior``: the cumulative a_i, chain order; ``match_len``: context tokens the draft's tree
+        matched. The list stops before the first estimate below ``floor`` (the drafting threshold: the rest would be
+        cut anyway)."""
         out, last = [], 1.0
-        for a in prior:
-            b = int(a * nbins)
-            c = a * ratios[b if b < top else top]
-            if c < last:
-                if c < floor:
-                    break
-                last = c
-            out.append(last)
+        for i in range(len(prior)):
+            r = self._conditional(prior, i)
+            c = r * self._ratio(self._row(source, match_len, i), self._parent(source, i), self._bin(r))
+            if c > 1.0:
+                c = 1.0
+            a = last * c
+            if a < floor:
+                break
+            out.append(a)
+            last = a
         return out
 
     def observe(self, source: str, match_len: int, prior: Sequence[float], num_accepted: int) -> None:
-        """Record one verified draft: ``prior`` are the a_i of the tokens drafted, the first ``num_accepted`` of
-        them were accepted (clipped to ``[0, len(prior)]``)."""
-        s = self._row(source, match_len)
-        expected, hits, ratios = self._expected[s], self._hits[s], self._ratios[s]
-        n_acc = min(max(int(num_accepted), 0), len(prior))
-        top, pc = self.bins - 1, self.pseudocount
-        for i, a in enumerate(prior):
-            b = min(top, max(0, int(a * self.bins)))
-            expected[b] += a
-            if i < n_acc:
-                hits[b] += 1.0
-            if expected[b] > self.cap:
+        """Record one verified draft: ``prior`` are the cumulative a_i of the tokens drafted, the first
+        ``num_accepted`` of them were accepted (clipped to ``[0, len(prior)]``); the tokens up to and including the
+        first rejected one are learned from."""
+        n = len(prior)
+        n_acc = min(max(int(num_accepted), 0), n)
+        cap = self.cap
+        for i in range(min(n_acc + 1, n)):
+            r = self._conditional(prior, i)
+            row, parent, b = self._row(source, match_len, i), self._parent(source, i), self._bin(r)
+            hit = 1.0 if i < n_acc else 0.0
+            expected, hits = self._expected[row], self._hits[row]
+            expected[b] += r
+            hits[b] += hit
+            if expected[b] > cap:
                 expected[b] *= 0.5
                 hits[b] *= 0.5
-            ratios[b] = (hits[b] + pc) / (expected[b] + pc)
-        self.observed_tokens += len(prior)
+            self._parent_expected[parent] += r
+            self._parent_hits[parent] += hit
+            if self._parent_expected[parent] > cap:
+                self._parent_expected[parent] *= 0.5
+                self._parent_hits[parent] *= 0.5
+        self.observed_tokens += n
 
     def new_step(self) -> None:
         """Multiply every count by ``step_decay`` (call once per training step; see the module docstring)."""
-        d, pc = self.step_decay, self.pseudocount
-        for expected, hits, ratios in zip(self._expected, self._hits, self._ratios):
+        d = self.step_decay
+        for expected, hits in zip(self._expected, self._hits):
             for b in range(self.bins):
                 expected[b] *= d
                 hits[b] *= d
-                ratios[b] = (hits[b] + pc) / (expected[b] + pc)
+        for i in range(len(self._parent_expected)):
+            self._parent_expected[i] *= d
+            self._parent_hits[i] *= d
 
-    def table(self) -> dict[str, list[list[float]]]:
-        """Current ratios: source -> [match bucket][prior bin] (for logs and docs)."""
+    def table(self) -> dict[str, list[list[list[float]]]]:
+        """Current ratios: source -> [match bucket][position bucket][conditional-prior bin] (for logs and docs)."""
         nb = len(MATCH_BUCKETS) + 1
-        return {name: [[round(x, 3) for x in self._ratios[i * nb + m]] for m in range(nb)]
+        return {name: [[[round(self._ratio((i * nb + m) * _NUM_POSITIONS + p, i * _NUM_POSITIONS + p, b), 3)
+                         for b in range(self.bins)] for p in range(_NUM_POSITIONS)] for m in range(nb)]
                 for name, i in self._index.items()}

@@ -1,7 +1,16 @@
-// Acceptance calibration from verification outcomes: a port of das_trl/drafter/calibration.py with the same
-// arithmetic in the same order (so native and Python drafts stay equal). Cells are (source, match-length bucket
-// 1 / 2 / 3-4 / 5-8 / 9+, prior-estimate bin of width 1/bins); the calibrated estimate is
-// a * (hits + s) / (expected + s), made non-increasing along the draft; counts decay by step_decay per history push.
+// Acceptance calibration from verification outcomes: a port of das_trl/drafter/reference/calibration.py with the same
+// arithmetic in the same order (so native and Python drafts stay equal).
+//
+// Conditional, per draft position. A chain draft is accepted up to its first mismatch, so the chance that its first
+// i + 1 tokens hold is the product of each token's chance given the ones before it held. The prior of token i given
+// the ones before is r_0 = prior[0] (the evidence model's first estimate) and r_i = prior[i] / prior[i - 1] (the
+// tree's count ratio). Each r_i is scaled by the observed/predicted ratio of its cell (source, match-length bucket
+// 1 / 2 / 3-4 / 5-8 / 9+, draft-position bucket 1 / 2 / 3-4 / 5-8 / 9-16 / 17-32 / 33+, bin of r_i of width 1/bins),
+// capped at 1, and the estimates are the running products. A cell's ratio is (hits + s R) / (expected + s), shrunk
+// towards R, the ratio of its (source, position bucket) parent, itself (H + s) / (E + s): a cell seen rarely takes its
+// position's pooled correction, so far positions decay as observed even where the tree says "certain".
+// A verified draft teaches each token up to and including the first rejected one (the later ones were never tried);
+// counts decay by step_decay per history push and are halved when a cell's expected mass passes cap.
 #pragma once
 
 #include <algorithm>
@@ -13,14 +22,16 @@ namespace das {
 
 class Calibrator {
  public:
-  static constexpr int kBuckets = 5;
+  static constexpr int kBuckets = 5;    // match-length buckets
+  static constexpr int kPositions = 7;  // draft-position buckets
 
   Calibrator(int bins, double pseudocount, double cap, double step_decay)
       : bins_(bins), pc_(pseudocount), cap_(cap), decay_(step_decay) {
-    const size_t cells = static_cast<size_t>(kNumSources) * kBuckets * bins;
+    const size_t cells = static_cast<size_t>(kNumSources) * kBuckets * kPositions * bins;
     expected_.assign(cells, 0.0);
     hits_.assign(cells, 0.0);
-    ratios_.assign(cells, 1.0);
+    parent_expected_.assign(static_cast<size_t>(kNumSources) * kPositions, 0.0);
+    parent_hits_.assign(static_cast<size_t>(kNumSources) * kPositions, 0.0);
   }
 
   static int bucket(int match_len) {
@@ -30,44 +41,47 @@ class Calibrator {
     if (match_len <= 8) return 3;
     return 4;
   }
+  // Position bucket of 0-based draft position i: 1, 2, 3-4, 5-8, 9-16, 17-32, 33+ (1-based).
+  static int position_bucket(int i) {
+    if (i <= 0) return 0;
+    if (i == 1) return 1;
+    if (i <= 3) return 2;
+    if (i <= 7) return 3;
+    if (i <= 15) return 4;
+    if (i <= 31) return 5;
+    return 6;
+  }
   int bins() const { return bins_; }
   int64_t observed_tokens() const { return observed_; }
 
-  // Calibrated estimates of prior[0..n) into out; stops before the first estimate below floor. Returns the count.
+  // Calibrated cumulative estimates of prior[0..n) into out; stops before the first estimate below floor. Returns
+  // the count.
   int calibrate(int source, int match_len, const double* prior, int n, double floor, double* out) const {
-    const double* r = &ratios_[row(source, match_len) * bins_];
-    const int top = bins_ - 1;
     double last = 1.0;
     int k = 0;
     for (int i = 0; i < n; ++i) {
-      const double a = prior[i];
-      int b = static_cast<int>(a * bins_);
-      double c = a * r[b < top ? b : top];
-      if (c < last) {
-        if (c < floor) break;
-        last = c;
-      }
-      out[k++] = last;
+      const double r = conditional(prior, i);
+      double c = r * ratio_at(source, match_len, i, r);
+      if (c > 1.0) c = 1.0;
+      const double a = last * c;
+      if (a < floor) break;
+      out[k++] = a;
+      last = a;
     }
     return k;
   }
 
+  // One verified draft: prior[0..n) as drafted, num_accepted of them accepted.
   void observe(int source, int match_len, const double* prior, int n, int num_accepted) {
-    const size_t base = row(source, match_len) * bins_;
     const int n_acc = std::min(std::max(num_accepted, 0), n);
-    const int top = bins_ - 1;
-    for (int i = 0; i < n; ++i) {
-      const double a = prior[i];
-      const int b = std::min(top, std::max(0, static_cast<int>(a * bins_)));
-      double& e = expected_[base + b];
-      double& h = hits_[base + b];
-      e += a;
-      if (i < n_acc) h += 1.0;
-      if (e > cap_) {
-        e *= 0.5;
-        h *= 0.5;
-      }
-      ratios_[base + b] = (h + pc_) / (e + pc_);
+    const int tried = std::min(n_acc + 1, n);  // tokens up to and including the first rejection
+    for (int i = 0; i < tried; ++i) {
+      const double r = conditional(prior, i);
+      const size_t c = cell(source, match_len, i, r);
+      const size_t p = parent(source, i);
+      const double hit = i < n_acc ? 1.0 : 0.0;
+      add(expected_[c], hits_[c], r, hit);
+      add(parent_expected_[p], parent_hits_[p], r, hit);
     }
     observed_ += n;
   }
@@ -76,20 +90,53 @@ class Calibrator {
     for (size_t i = 0; i < expected_.size(); ++i) {
       expected_[i] *= decay_;
       hits_[i] *= decay_;
-      ratios_[i] = (hits_[i] + pc_) / (expected_[i] + pc_);
+    }
+    for (size_t i = 0; i < parent_expected_.size(); ++i) {
+      parent_expected_[i] *= decay_;
+      parent_hits_[i] *= decay_;
     }
   }
 
-  double ratio(int source, int bucket_index, int bin) const {
-    return ratios_[(static_cast<size_t>(source) * kBuckets + bucket_index) * bins_ + bin];
+  // The ratio applied to a conditional prior in bin `bin` at position bucket `position`, match bucket `bucket`.
+  double ratio(int source, int bucket_index, int position, int bin) const {
+    const size_t c = ((static_cast<size_t>(source) * kBuckets + bucket_index) * kPositions + position) * bins_ + bin;
+    const size_t p = static_cast<size_t>(source) * kPositions + position;
+    return shrunk(c, p);
   }
 
  private:
-  size_t row(int source, int match_len) const { return static_cast<size_t>(source) * kBuckets + bucket(match_len); }
+  static double conditional(const double* prior, int i) {
+    if (i == 0) return std::min(std::max(prior[0], 0.0), 1.0);
+    const double before = prior[i - 1];
+    if (!(before > 0.0)) return 0.0;
+    return std::min(std::max(prior[i] / before, 0.0), 1.0);
+  }
+  size_t cell(int source, int match_len, int i, double r) const {
+    const int top = bins_ - 1;
+    int b = static_cast<int>(r * bins_);
+    b = b < top ? b : top;
+    return ((static_cast<size_t>(source) * kBuckets + bucket(match_len)) * kPositions + position_bucket(i)) * bins_ + b;
+  }
+  size_t parent(int source, int i) const { return static_cast<size_t>(source) * kPositions + position_bucket(i); }
+  double shrunk(size_t c, size_t p) const {
+    const double up = (parent_hits_[p] + pc_) / (parent_expected_[p] + pc_);
+    return (hits_[c] + pc_ * up) / (expected_[c] + pc_);
+  }
+  double ratio_at(int source, int match_len, int i, double r) const {
+    return shrunk(cell(source, match_len, i, r), parent(source, i));
+  }
+  void add(double& e, double& h, double r, double hit) const {
+    e += r;
+    h += hit;
+    if (e > cap_) {
+      e *= 0.5;
+      h *= 0.5;
+    }
+  }
 
   int bins_;
   double pc_, cap_, decay_;
-  std::vector<double> expected_, hits_, ratios_;
+  std::vector<double> expected_, hits_, parent_expected_, parent_hits_;
   int64_t observed_ = 0;
 };
 
