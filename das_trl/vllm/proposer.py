@@ -50,8 +50,13 @@ class DASProposer:
         self.engine_dtype = str(getattr(vllm_config.model_config, "dtype", "")).removeprefix("torch.") or None
         # One step = plan (which rows can pay), draft, cut (what pays): das_trl.vllm.speculator, the object the replay
         # benchmark drives too. Budgets come from the batch budget controller (das_trl.budget).
+        # vLLM's scheduler counts draft tokens against max_num_batched_tokens: never offer more than it schedules.
+        sched = getattr(vllm_config, "scheduler_config", None)
+        batched = getattr(sched, "max_num_batched_tokens", None)
+        self.max_num_batched_tokens = int(batched) if batched else None
         self.speculator = Speculator(create_drafter(DrafterConfig(max_spec_tokens=self.num_speculative_tokens)),
-                                     BudgetController(ControllerConfig()), self.max_model_len)
+                                     BudgetController(ControllerConfig()), self.max_model_len,
+                                     max_step_tokens=self.max_num_batched_tokens)
         self._step_end: float | None = None  # _clock() at the end of the last propose (online cost fit)
         self._clock = time.perf_counter      # seconds; replaceable in tests
         self._runner: Any = None
@@ -74,7 +79,8 @@ class DASProposer:
     def drafter(self, drafter: Any) -> None:
         for req_id in self.speculator.tracked():
             self.speculator.finish(req_id)
-        self.speculator = Speculator(drafter, self.speculator.controller, self.max_model_len)
+        self.speculator = Speculator(drafter, self.speculator.controller, self.max_model_len,
+                                     max_step_tokens=self.max_num_batched_tokens)
 
     @property
     def controller(self) -> BudgetController:
@@ -318,7 +324,8 @@ class DASProposer:
         ``speculation_seconds`` (time spent in :meth:`propose`), ``speculated_rows`` (request-rounds the drafter
         drafted: the controller's plan found they could pay), ``silent_steps`` (steps in which no row was drafted),
         ``quiet_steps`` (silent steps that also skipped the plan: nothing paid at the last one),
-        ``budget_*``: the
+        ``capped_steps`` (steps whose kept drafts were cut to the engine's ``max_num_batched_tokens``),
+        ``max_num_batched_tokens`` (the engine's token budget per step, draft tokens included), ``budget_*``: the
         budget controller's diagnostics (:meth:`BudgetController.stats` prefixed), ``budget_counters`` (which ``budget_*`` keys are cumulative), ``num_speculative_tokens``, ``history_problems``,
         ``history_appearances``, ``history_sequences``, ``history_tokens``, ``history_bytes`` (approximate),
         ``history_evicted_appearances``, ``active_requests``, ``calibration_tokens`` (verified draft tokens the drafter's
@@ -329,11 +336,12 @@ class DASProposer:
         (``"native"`` or ``"python"``).
         """
         out: dict[str, Any] = {"attached": self.attached, "num_speculative_tokens": self.num_speculative_tokens,
-                               "engine_dtype": self.engine_dtype}
+                               "engine_dtype": self.engine_dtype, "max_num_batched_tokens": self.max_num_batched_tokens}
         out.update(self._counters)
         spec = self.speculator.counters
         out.update({k: spec[k] for k in ("request_rounds", "drafts", "draft_tokens", "verified_drafts",
-                                         "accepted_tokens", "speculated_rows", "silent_steps", "quiet_steps")})
+                                         "accepted_tokens", "speculated_rows", "silent_steps", "quiet_steps",
+                                         "capped_steps")})
         # The controller's diagnostics, by prefix; `budget_counters` names the cumulative ones (the trainer logs
         # their per-step differences and the rest as they are).
         out.update({f"budget_{k}": v for k, v in self.controller.stats().items()})

@@ -28,6 +28,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from das_trl.budget import BudgetController
+from das_trl.budget.step_cap import cap_step_tokens
 from das_trl.drafter.draft_batch import DraftBatch
 from das_trl.drafter.tokens import _INT32, int32_array
 
@@ -43,18 +44,26 @@ class Speculator:
         max_model_len: the engine's model length: a draft never runs past it.
         native_book: keep the per-request records in the native core (:class:`NativeRequestBook`; same results as
             the numpy :class:`RequestBook`); ``None``: when the drafter is native.
+        max_step_tokens: the most tokens the engine schedules in one step (vLLM's ``max_num_batched_tokens``, draft
+            tokens included): the step's rows plus their kept draft tokens never exceed it
+            (:func:`~das_trl.budget.step_cap.cap_step_tokens`, far positions cut first); ``None``: no cap.
 
     Raises:
-        ValueError: ``native_book=True`` with a drafter that is not native, or ``max_model_len < 1``.
+        ValueError: ``native_book=True`` with a drafter that is not native, ``max_model_len < 1`` or
+        ``max_step_tokens < 1``.
     """
 
     def __init__(self, drafter: Any, controller: BudgetController, max_model_len: int,
-                 native_book: bool | None = None) -> None:
+                 native_book: bool | None = None, max_step_tokens: int | None = None) -> None:
         if int(max_model_len) < 1:
             raise ValueError(f"max_model_len must be >= 1, got {max_model_len}")
+        if max_step_tokens is not None and int(max_step_tokens) < 1:
+            raise ValueError(f"max_step_tokens must be >= 1 (vLLM's max_num_batched_tokens) or None, got "
+                             f"{max_step_tokens}")
         self.drafter = drafter
         self.controller = controller
         self.max_model_len = int(max_model_len)
+        self.max_step_tokens = None if max_step_tokens is None else int(max_step_tokens)
         self._slot_of: dict[str, int] = {}
         self._free: list[int] = []
         self._by_slot = hasattr(drafter, "step_slots")
@@ -82,7 +91,7 @@ class Speculator:
         self._views_key: tuple[int, int] | None = None  # (rows, K) of self._views
         self._no_rows = (np.zeros(0, np.int32), np.zeros(0, np.float64))
         self.counters = dict(steps=0, request_rounds=0, speculated_rows=0, silent_steps=0, quiet_steps=0, drafts=0,
-                             draft_tokens=0, verified_drafts=0, accepted_tokens=0)
+                             draft_tokens=0, verified_drafts=0, accepted_tokens=0, capped_steps=0)
 
     def set_controller(self, controller: BudgetController) -> None:
         """Use another budget controller from the next step on (tracked requests keep their records)."""
@@ -219,12 +228,16 @@ class Speculator:
         planned = int(np.count_nonzero(plan.draft))
         zeros = self._filled(0, n)  # np.where with an array of zeros costs a third of one with a numpy scalar 0
         budgets = np.where(plan.draft, inputs.caps, zeros) if planned else zeros
+        # Value-aware drafting: each row's candidate and draft length by the cut's own cost per token of progress.
         out = self._drafter_step(req_ids, token_matrix, rows, num_tokens, num_prompt, num_sampled, verified, budgets,
-                                 k, release=False)
+                                 k, release=False, weights=plan.weight_ms if planned else None,
+                                 c_tok_ms=ctl.cost.c_tok_ms)
         drafting = out.lengths.nonzero()[0]  # np.flatnonzero without its ravel (lengths is 1-D)
         if len(drafting):
             kept = ctl.cut(plan, out.accept[drafting], drafting)
             expected_kept = ctl.last_expected_kept
+            if self.max_step_tokens is not None and n + int(kept.sum()) > self.max_step_tokens:
+                kept, expected_kept = self._fit_step(out, drafting, kept, expected_kept, self.max_step_tokens - n)
         else:
             kept, expected_kept = self._no_rows
         drafts, draft_tokens = book.finish(slots, plan.draft, drafting, kept, expected_kept, out, self.drafter,
@@ -239,6 +252,20 @@ class Speculator:
         c["drafts"] += drafts
         c["draft_tokens"] += draft_tokens
         return out
+
+    def _fit_step(self, out: DraftBatch, drafting: np.ndarray, kept: np.ndarray, expected_kept: np.ndarray,
+                  room: int) -> tuple[np.ndarray, np.ndarray]:
+        """The cut's kept lengths capped to ``room`` draft tokens in all (:func:`cap_step_tokens`), and their
+        expected accepted tokens scaled by the share of the drafter's estimates that remains (rare: a step whose
+        drafts would overflow the engine's token budget)."""
+        capped = cap_step_tokens(kept, room)
+        acc = out.accept[drafting]
+        cols = np.arange(acc.shape[1])[None, :]
+        before = np.where(cols < kept[:, None], acc, 0.0).sum(axis=1)
+        after = np.where(cols < capped[:, None], acc, 0.0).sum(axis=1)
+        scale = np.divide(after, before, out=np.zeros_like(after), where=before > 0)
+        self.counters["capped_steps"] += 1
+        return capped, expected_kept * scale
 
     def _quiet_step(self, req_ids: list[str], slots: np.ndarray, token_matrix: np.ndarray, rows: np.ndarray,
                     num_tokens: np.ndarray, num_prompt: np.ndarray, num_sampled: np.ndarray,
@@ -272,17 +299,20 @@ class Speculator:
 
     def _drafter_step(self, req_ids: list[str], token_matrix: np.ndarray, rows: np.ndarray, num_tokens: np.ndarray,
                       num_prompt: np.ndarray, num_sampled: np.ndarray, verified: np.ndarray, budgets: np.ndarray,
-                      k: int, release: bool = True) -> DraftBatch:
+                      k: int, release: bool = True, weights: np.ndarray | None = None,
+                      c_tok_ms: float = 0.0) -> DraftBatch:
         """The drafter's step (``k``: its ``max_spec_tokens``): by slot into the reused output buffer (native;
         ``release``: see ``NativeDASDrafter.step_slots``), without validating again what :meth:`step` validated,
-        else by request id."""
+        else by request id. ``weights`` / ``c_tok_ms``: the value-aware choice (``row_weights`` of the drafter's
+        step)."""
         if self._by_slot:
             if budgets.dtype is not _INT32:  # int32 from either book (caps in [0, K]); kept so for the drafter's call
                 budgets = budgets.astype(np.int32)
             return self.drafter.step_slots(self._last_dslots, token_matrix, rows, num_tokens, num_prompt,
                                            num_sampled, verified, budgets, self._out_buffer(len(rows), k), release,
-                                           _prechecked=True)
-        return self.drafter.step(req_ids, token_matrix, rows, num_tokens, num_prompt, num_sampled, verified, budgets)
+                                           row_weights=weights, c_tok_ms=c_tok_ms, _prechecked=True)
+        return self.drafter.step(req_ids, token_matrix, rows, num_tokens, num_prompt, num_sampled, verified, budgets,
+                                 row_weights=weights, c_tok_ms=c_tok_ms)
 
     def _out_buffer(self, n: int, k: int) -> DraftBatch:
         """The first ``n`` rows of one output batch of width ``k`` reused across steps (a new one per step cost
