@@ -38,8 +38,8 @@ from .draft_batch import DraftBatch
 from .history import RolloutHistory, history_state
 from .problem_key import problem_key as _problem_key
 from .sources import MATCH_BUCKETS, POSITION_BUCKETS, SOURCE_ORDER
-from .tokens import (_INT32, TOKEN_LIMIT, as_tokens, check_request_id, check_row_weights, count_array,
-                     group_rollouts, int32_array)
+from .tokens import (_INT32, TOKEN_LIMIT, as_tokens, check_request_id, count_array, group_rollouts,
+                     int32_array)
 
 _GLOBAL_KEY = 2**64 - 1  # HistoryIndex::kGlobalKey
 _I32_MAX = 2**31 - 1
@@ -254,10 +254,8 @@ class NativeDASDrafter:
         return self.propose_batch([request_id], [max_tokens]).row(0)
 
     def propose_batch(self, request_ids: Sequence[str], max_tokens: Sequence[int] | np.ndarray,
-                      contexts: Sequence | None = None, *, row_weights: np.ndarray | None = None,
-                      c_tok_ms: float = 0.0) -> DraftBatch:
-        """Drafts of many requests in one native call (see :meth:`DASDrafter.propose_batch`, whose ``row_weights``
-        / ``c_tok_ms`` it takes; ``contexts`` ignored).
+                      contexts: Sequence | None = None) -> DraftBatch:
+        """Drafts of many requests in one native call (see :meth:`DASDrafter.propose_batch`; ``contexts`` ignored).
 
         Raises:
             KeyError: an unknown request (no row was drafted). ValueError: length mismatch, or budgets that are not
@@ -267,19 +265,16 @@ class NativeDASDrafter:
         budgets = count_array(max_tokens, "max_tokens", low=-TOKEN_LIMIT)
         if len(budgets) != n:
             raise ValueError(f"propose_batch: {n} request_ids but {len(budgets)} max_tokens")
-        weights = check_row_weights(row_weights, n, c_tok_ms)
         out = DraftBatch.empty(n, self.config.max_spec_tokens)
         with self._lock:
             slots = np.fromiter((self._slot(r) for r in request_ids), dtype=np.int32, count=n)
         self._core.propose(slots, np.clip(budgets, -1, _I32_MAX).astype(np.int32), out.tokens, out.accept,
-                           out.lengths, out.source, out.match_len, False,  # zeroed: rows without a draft not written
-                           weights, float(c_tok_ms))
+                           out.lengths, out.source, out.match_len, False)  # zeroed: rows without a draft not written
         return out
 
     def step(self, request_ids: Sequence[str], token_matrix: np.ndarray, rows: np.ndarray, num_tokens: np.ndarray,
              num_prompt: np.ndarray, num_sampled: np.ndarray, num_verified: np.ndarray,
-             max_tokens: np.ndarray, out: DraftBatch | None = None, *, row_weights: np.ndarray | None = None,
-             c_tok_ms: float = 0.0) -> DraftBatch:
+             max_tokens: np.ndarray, out: DraftBatch | None = None) -> DraftBatch:
         """One engine step in one native call (see :meth:`DASDrafter.step`), with request ids: maps them to slots
         (:meth:`slot_of`; a dict lookup per row) and calls :meth:`step_slots`, whose arguments and costs it has.
 
@@ -294,12 +289,11 @@ class NativeDASDrafter:
                     self._slot(r)  # raises with the message
                 raise
         return self.step_slots(slots, token_matrix, rows, num_tokens, num_prompt, num_sampled, num_verified,
-                               max_tokens, out, row_weights=row_weights, c_tok_ms=c_tok_ms)
+                               max_tokens, out)
 
     def step_slots(self, slots: np.ndarray, token_matrix: np.ndarray, rows: np.ndarray, num_tokens: np.ndarray,
                    num_prompt: np.ndarray, num_sampled: np.ndarray, num_verified: np.ndarray,
                    max_tokens: np.ndarray, out: DraftBatch | None = None, release: bool = True, *,
-                   row_weights: np.ndarray | None = None, c_tok_ms: float = 0.0,
                    _prechecked: bool = False) -> DraftBatch:
         """One engine step for ``n`` rows given by slot (:meth:`slot_of`), in one native call that releases the GIL:
         each row's verification report, its new tokens read in place from ``token_matrix``, then drafts.
@@ -331,11 +325,6 @@ class NativeDASDrafter:
             release: offer the deferred tokens to the ingest thread now; ``False``: only at :meth:`release_ingest`
                 (call it after the step's :meth:`trim`, which then never waits for that ingest; a call that needs
                 the automata completes them anyway).
-            row_weights: ``float64 [n]`` value-aware choice between the sources (``reference/arbitration.py``): each
-                row's weight, ms >= 0 (``BudgetController.plan``'s ``weight_ms``): the candidate with the lowest cost
-                per token of progress wins, and a draft ends below ``c_tok_ms / (weight + c_tok_ms)``. ``None``: the
-                largest sum of estimates wins.
-            c_tok_ms: ms per verified token (finite, >= 0), with ``row_weights``.
             _prechecked: private to the Speculator, which validated this step's arrays already (``slots``, the row
                 arrays and ``max_tokens`` C-contiguous ``int32 [n]``, ``out`` its own batch of ``n`` rows): skip
                 validating them again (~10 us per engine step). The native call still checks every length and
@@ -348,10 +337,9 @@ class NativeDASDrafter:
             KeyError: a slot that is not active. ValueError: lengths or shapes out of range, or a bad ``out``
             (nothing changed).
         """
-        if _prechecked:  # (row_weights: the controller's float64 [n] weight_ms; the core checks its values)
+        if _prechecked:
             self._core.step(_as_matrix(token_matrix), slots, rows, num_tokens, num_prompt, num_sampled, num_verified,
-                            max_tokens, out.tokens, out.accept, out.lengths, out.source, out.match_len, True, release,
-                            row_weights, c_tok_ms)
+                            max_tokens, out.tokens, out.accept, out.lengths, out.source, out.match_len, True, release)
             return out
         slots = int32_array(slots, "slots")
         n = len(slots)
@@ -364,7 +352,6 @@ class NativeDASDrafter:
             if budgets.dtype != np.int32:
                 budgets = np.clip(budgets.astype(np.int64), -1, _I32_MAX).astype(np.int32)
         budgets = int32_array(budgets, "max_tokens", n)
-        weights = check_row_weights(row_weights, n, c_tok_ms)
         matrix = _as_matrix(token_matrix)
         k = self.config.max_spec_tokens
         if out is None:
@@ -376,7 +363,7 @@ class NativeDASDrafter:
                 self._checked_out = arrays
             fill_idle = True
         self._core.step(matrix, slots, *cols, budgets, out.tokens, out.accept, out.lengths, out.source, out.match_len,
-                        fill_idle, release, weights, float(c_tok_ms))
+                        fill_idle, release)
         return out
 
     def release_ingest(self) -> None:

@@ -7,7 +7,6 @@ implementation changes its state.
 
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import numpy as np
@@ -76,30 +75,6 @@ def count_array(values: Sequence[int] | np.ndarray, what: str, *, low: int) -> n
     if arr.size and int(arr.min()) < low:
         raise ValueError(f"{what} must be >= {low}, got {int(arr.min())}")
     return arr
-
-
-def check_row_weights(row_weights: Sequence[float] | np.ndarray | None, n: int, c_tok_ms: float) -> np.ndarray | None:
-    """The value-aware drafting inputs of a batch (``arbitration.choose``): ``row_weights`` as a C-contiguous
-    ``float64 [n]`` (``None`` stays ``None``), each a finite number >= 0 (ms), and ``c_tok_ms`` a finite number >= 0.
-
-    Raises:
-        ValueError: a weight or ``c_tok_ms`` that is negative, not finite or not a number, or not ``n`` weights.
-    """
-    try:
-        c_ok = math.isfinite(c_tok_ms) and c_tok_ms >= 0.0 and not isinstance(c_tok_ms, bool)
-    except TypeError:
-        c_ok = False
-    if not c_ok:
-        raise ValueError(f"c_tok_ms must be a finite number >= 0 (ms per verified token), got {c_tok_ms!r}")
-    if row_weights is None:
-        return None
-    w = np.asarray(row_weights)
-    if w.dtype.kind not in "fiu" or w.ndim != 1 or len(w) != n:
-        raise ValueError(f"row_weights must be {n} numbers (float64 [n], ms), got {w.dtype} of shape {w.shape}")
-    w = np.ascontiguousarray(w, dtype=np.float64)
-    if n and not (np.isfinite(w).all() and w.min() >= 0.0):
-        raise ValueError(f"row_weights must be finite numbers >= 0 (ms), got range [{w.min()}, {w.max()}]")
-    return w
 
 
 def as_tokens(ids: Sequence[int] | np.ndarray, what: str) -> np.ndarray:

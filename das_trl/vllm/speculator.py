@@ -228,10 +228,8 @@ class Speculator:
         planned = int(np.count_nonzero(plan.draft))
         zeros = self._filled(0, n)  # np.where with an array of zeros costs a third of one with a numpy scalar 0
         budgets = np.where(plan.draft, inputs.caps, zeros) if planned else zeros
-        # Value-aware drafting: each row's candidate and draft length by the cut's own cost per token of progress.
         out = self._drafter_step(req_ids, token_matrix, rows, num_tokens, num_prompt, num_sampled, verified, budgets,
-                                 k, release=False, weights=plan.weight_ms if planned else None,
-                                 c_tok_ms=ctl.cost.c_tok_ms)
+                                 k, release=False)
         drafting = out.lengths.nonzero()[0]  # np.flatnonzero without its ravel (lengths is 1-D)
         if len(drafting):
             kept = ctl.cut(plan, out.accept[drafting], drafting)
@@ -299,20 +297,17 @@ class Speculator:
 
     def _drafter_step(self, req_ids: list[str], token_matrix: np.ndarray, rows: np.ndarray, num_tokens: np.ndarray,
                       num_prompt: np.ndarray, num_sampled: np.ndarray, verified: np.ndarray, budgets: np.ndarray,
-                      k: int, release: bool = True, weights: np.ndarray | None = None,
-                      c_tok_ms: float = 0.0) -> DraftBatch:
+                      k: int, release: bool = True) -> DraftBatch:
         """The drafter's step (``k``: its ``max_spec_tokens``): by slot into the reused output buffer (native;
         ``release``: see ``NativeDASDrafter.step_slots``), without validating again what :meth:`step` validated,
-        else by request id. ``weights`` / ``c_tok_ms``: the value-aware choice (``row_weights`` of the drafter's
-        step)."""
+        else by request id."""
         if self._by_slot:
             if budgets.dtype is not _INT32:  # int32 from either book (caps in [0, K]); kept so for the drafter's call
                 budgets = budgets.astype(np.int32)
             return self.drafter.step_slots(self._last_dslots, token_matrix, rows, num_tokens, num_prompt,
                                            num_sampled, verified, budgets, self._out_buffer(len(rows), k), release,
-                                           row_weights=weights, c_tok_ms=c_tok_ms, _prechecked=True)
-        return self.drafter.step(req_ids, token_matrix, rows, num_tokens, num_prompt, num_sampled, verified, budgets,
-                                 row_weights=weights, c_tok_ms=c_tok_ms)
+                                           _prechecked=True)
+        return self.drafter.step(req_ids, token_matrix, rows, num_tokens, num_prompt, num_sampled, verified, budgets)
 
     def _out_buffer(self, n: int, k: int) -> DraftBatch:
         """The first ``n`` rows of one output batch of width ``k`` reused across steps (a new one per step cost

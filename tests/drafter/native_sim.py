@@ -6,11 +6,10 @@ import numpy as np
 
 
 def simulate_pair(a, b, seed: int, vocab: int = 30, n_problems: int = 3, samples: int = 4, steps: int = 3,
-                  out_len: int = 60, use_step: bool = True, on_round=None,
-                  value_aware: bool = False) -> tuple[int, int]:
+                  out_len: int = 60, use_step: bool = True, on_round=None) -> tuple[int, int]:
     """Run ``steps`` GRPO-like steps through drafters ``a`` and ``b``; every round both draft the same rows with the
     same budgets, verification is simulated against a target completion, trims and partial verifications are
-    random; ``value_aware``: each round's rows get random weights (the value-aware choice, ``row_weights``). Returns ``(mismatching rows, rows)``; ``on_round(batch_a, batch_b, ids)`` sees every round."""
+    random. Returns ``(mismatching rows, rows)``; ``on_round(batch_a, batch_b, ids)`` sees every round."""
     rng = np.random.default_rng(seed)
     prompts = [rng.integers(1000, 1000 + 3 * vocab, int(rng.integers(5, 50))).tolist() for _ in range(n_problems)]
     bases = [rng.integers(1000, 1000 + vocab, out_len).tolist() for _ in range(n_problems)]
@@ -46,15 +45,12 @@ def simulate_pair(a, b, seed: int, vocab: int = 30, n_problems: int = 3, samples
         while running:
             ids = [rids[i] for i in running]
             budgets = rng.integers(-1, 18, len(running))
-            kw = {}
-            if value_aware:  # from a makespan row (7 ms) to a row that barely matters (0)
-                kw = dict(row_weights=rng.choice([0.0, 0.002, 0.02, 0.2, 7.0], len(running)), c_tok_ms=0.025)
             if use_step:
                 r = np.asarray(running)
                 args = (matrix, r, num_tokens[r], num_prompt[r], sampled[r], verified[r], budgets)
-                ba, bb = a.step(ids, *args, **kw), b.step(ids, *args, **kw)
+                ba, bb = a.step(ids, *args), b.step(ids, *args)
             else:
-                ba, bb = a.propose_batch(ids, budgets, **kw), b.propose_batch(ids, budgets, **kw)
+                ba, bb = a.propose_batch(ids, budgets), b.propose_batch(ids, budgets)
             rows_seen += len(ids)
             for j in range(len(ids)):
                 if not (ba.row(j) == bb.row(j) and ba.source[j] == bb.source[j]

@@ -70,25 +70,3 @@ def test_problem_tree_wins_once_its_evidence_is_strong(rng):
     out = d.propose("r", ctx, 16)
     assert out and out == X[: len(out)]
     assert d.stats()["wins"]["problem"] == 1
-
-
-def test_value_aware_choice_prefers_what_the_row_can_use():
-    """A long draft of modest estimates and a short one of high estimates: the row that sets the makespan (weight
-    7 ms) takes the long one, as the sum rule does; a row of a large batch (weight 0.01 ms) takes the short one, and
-    its draft ends where no prefix can pay (estimate below c_tok / (w + c_tok))."""
-    from das_trl.drafter.reference.arbitration import progress_cost, value_floor
-
-    def cands():
-        return [Candidate("problem", list(range(20)), [0.6] * 20, 8, 50),
-                Candidate("local", [7, 8], [0.99, 0.95], 8, 50)]
-
-    assert choose(cands(), 2.0, 1.0, 0.0).source == "problem"  # the sum rule
-    assert choose(cands(), 2.0, 1.0, 0.0, weight=7.0, c_tok=0.025).source == "problem"
-    best = choose(cands(), 2.0, 1.0, 0.0, weight=0.01, c_tok=0.025)
-    assert best.source == "local"
-    assert value_floor(0.01, 0.025) == pytest.approx(0.025 / 0.035)
-    # a candidate whose every estimate is under the floor drafts nothing
-    assert choose([Candidate("problem", [1, 2], [0.5, 0.4], 8, 50)], 2.0, 1.0, 0.0, weight=0.001, c_tok=0.025) is None
-    # progress_cost: no draft costs w + c_tok per token; a sure token halves the cost of two tokens' progress
-    assert progress_cost([], 1.0, 0.5) == 1.5
-    assert progress_cost([1.0], 1.0, 0.5) == pytest.approx(2.0 / 2.0)

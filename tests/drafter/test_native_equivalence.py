@@ -35,15 +35,13 @@ CASES = [  # DrafterConfig fields, plus simulation sizes (vocab, out_len, n_prob
     dict(max_tree_depth=12, match_context_tokens=8, support_ngram=4),
     dict(draft_threads=3, n_problems=6, samples=8, steps=2),  # rows drafted by three threads
     dict(live_token_budget=300),  # finished outputs evicted (down to half the budget) while siblings still run
-    dict(value_aware=True),  # the controller's row weights choose between the sources and end the drafts
-    dict(value_aware=True, max_spec_tokens=64, max_spec_factor=4.0, min_token_prob=0.0, max_tree_depth=80, vocab=8),
 ]
 
 
 @pytest.mark.parametrize("case", [dict(c) for c in CASES], ids=[",".join(f"{k}={v}" for k, v in c.items()) or "defaults" for c in CASES])
 @pytest.mark.parametrize("use_step", [True, False], ids=["step", "propose_batch"])
 def test_native_equals_reference(case, use_step):
-    sim = {k: case.pop(k) for k in ("vocab", "out_len", "n_problems", "samples", "steps", "value_aware") if k in case}
+    sim = {k: case.pop(k) for k in ("vocab", "out_len", "n_problems", "samples", "steps") if k in case}
     nat, ref = pair(**case)
     bad, rows = simulate_pair(nat, ref, seed=len(str(case)), use_step=use_step, **sim)
     assert rows > 300

@@ -75,8 +75,7 @@ class Drafter:
         """The problem key of request ``slot``. Raises ``KeyError`` for an unknown slot."""
 
     def propose(self, slots: _I32, budgets: _I32, tokens: _I32, accept: _F64, lengths: _I32, source: _I8,
-                match_len: _I32, fill_idle: bool = True, row_weights: _F64 | None = None,
-                c_tok: float = 0.0) -> None:
+                match_len: _I32, fill_idle: bool = True) -> None:
         """Draft for ``n`` active requests at once (GIL released).
 
         Args:
@@ -89,22 +88,15 @@ class Drafter:
             match_len: out, ``int32[n]`` context tokens matched by the winning source.
             fill_idle: zero the ``tokens``/``accept`` rows of rows that do not draft (pass False for buffers that
                 are zero already); a drafting row is written whole (zeros past its length).
-            row_weights: ``float64[n]`` value-aware choice (``reference/arbitration.py``): each row's weight, ms
-                (what one more verification round of the row adds to the batch's expected cost): the candidate with
-                the lowest cost per token of progress wins and a draft ends below ``c_tok / (weight + c_tok)``.
-                ``None``: the largest sum of estimates wins.
-            c_tok: ms per verified token (with ``row_weights``).
 
         Raises:
-            ValueError: a row count differs from ``n``, ``tokens``/``accept`` do not have K columns, or a weight or
-                ``c_tok`` is negative or not finite.
+            ValueError: a row count differs from ``n`` or ``tokens``/``accept`` do not have K columns.
             KeyError: an inactive slot.
         """
 
     def step(self, matrix: _I32, slots: _I32, rows: _I32, num_tokens: _I32, num_prompt: _I32, num_sampled: _I32,
              num_verified: _I32, budgets: _I32, tokens: _I32, accept: _F64, lengths: _I32, source: _I8,
-             match_len: _I32, fill_idle: bool = True, release: bool = True, row_weights: _F64 | None = None,
-             c_tok: float = 0.0) -> None:
+             match_len: _I32, fill_idle: bool = True, release: bool = True) -> None:
         """One engine step for ``n`` rows, reading each row's text from the engine's token matrix (GIL released).
 
         Row i is request ``slots[i]``, whose text is ``matrix[rows[i], :num_tokens[i]]`` (``int32[R, L]``, vLLM's
@@ -112,7 +104,7 @@ class Drafter:
         The verification of the row's previous draft is recorded (accepted = ``min(verified, num_sampled - 1)``,
         verified = its draft length, capped by ``num_verified[i]`` when ``>= 0``), the new output tokens are
         appended (a request whose output shrank is restarted: preemption), then the row is drafted with
-        ``budgets[i]``. Outputs (and ``fill_idle``, ``row_weights``, ``c_tok``) as in :meth:`propose`. When no row has a budget > 0 and
+        ``budgets[i]``. Outputs (and ``fill_idle``) as in :meth:`propose`. When no row has a budget > 0 and
         ``background_ingest`` is on, the new tokens are copied and left to the ingest thread, and the call returns
         without touching the automata; with ``defer_idle_rows`` a drafting step leaves the rows without a budget to
         the thread too (ingesting only the drafting rows' tokens before it drafts). ``release=False``: the deferred tokens are

@@ -25,15 +25,6 @@ length m, the estimated acceptance probability of draft token i is
 The draft is cut at the first a_i < ``min_token_prob``; the candidate with the largest
 sum of a_i (expected accepted tokens under this model) wins. Ties go to the earlier
 source in ``sources.SOURCE_ORDER`` (most specific first).
-
-Value-aware choice (the budget controller's, when it gives the row's weight). What a draft is worth depends on the
-row: one more verification round of row i adds ``w`` ms to the batch's expected cost (``c_base`` x the chance that
-it finishes last), and each verified token ``c_tok``. The controller then keeps the prefix ``d`` of a draft that
-minimises the cost per token of progress ``(w + c_tok (1 + d)) / (1 + S_d)`` (``S_d`` = the sum of the first ``d``
-a_i: ``budget/controller.py``, ``optimal_draft_lengths``), so the candidate with the lowest such cost wins
-(:func:`progress_cost`), not the longest: in a large batch (small ``w``) a long draft of modest a_i loses to a short
-one of high a_i, which the cut then keeps. A position with ``a_i < c_tok / (w + c_tok)`` can never lower that cost,
-so the draft ends there.
 """
 
 from __future__ import annotations
@@ -93,36 +84,12 @@ def confidence(support: float, match_len: int, kappa: float, mu: float) -> float
     return support / (support + kappa) * match_len / (match_len + mu)
 
 
-def value_floor(weight: float | None, c_tok: float) -> float:
-    """The estimate below which no draft position can pay for itself in a row of weight ``weight`` (ms) at
-    ``c_tok`` ms per token: ``c_tok / (weight + c_tok)`` (0 without a weight or with ``c_tok`` 0)."""
-    if weight is None or c_tok <= 0.0:
-        return 0.0
-    return c_tok / (max(weight, 0.0) + c_tok)
-
-
-def progress_cost(accept: list[float], weight: float, c_tok: float) -> float:
-    """A row's cost per token of progress (ms) with the best prefix of a draft: the minimum over ``d`` in ``0 ..
-    len(accept)`` of ``(weight + c_tok (1 + d)) / (1 + accept[0] + ... + accept[d - 1])`` (the native core's
-    ``progress_cost``, same order of operations)."""
-    best = weight + c_tok
-    s = 0.0
-    for d in range(1, len(accept) + 1):
-        s += accept[d - 1]
-        r = (weight + c_tok * float(1 + d)) / (1.0 + s)
-        if r < best:
-            best = r
-    return best
-
-
 def evaluate(cand: Candidate, kappa: float, mu: float, min_token_prob: float,
-             truncate_by_evidence: bool = True, calibrator: "AcceptanceCalibrator | None" = None,
-             floor: float = 0.0) -> Candidate:
+             truncate_by_evidence: bool = True, calibrator: "AcceptanceCalibrator | None" = None) -> Candidate:
     """Fill ``cand.prior`` (a_i of the evidence model) and ``cand.accept`` (the a_i, calibrated by ``calibrator``
     from verification outcomes when given, ``calibration.py``), and truncate the draft at the first accept
     a_i < ``min_token_prob`` (or, with ``truncate_by_evidence=False``, at the first raw tree probability
-    p_i < ``min_token_prob``, arctic's rule; the estimates then only rank candidates), and at the first a_i below
-    ``floor`` (:func:`value_floor`).
+    p_i < ``min_token_prob``, arctic's rule; the estimates then only rank candidates).
 
     Returns the same (mutated) candidate.
     """
@@ -130,12 +97,12 @@ def evaluate(cand: Candidate, kappa: float, mu: float, min_token_prob: float,
     prior = [p * conf for p in cand.probs]
     if calibrator is not None and prior:
         accept = calibrator.calibrate(cand.source, cand.match_len, prior,
-                                      max(min_token_prob if truncate_by_evidence else 0.0, floor))
+                                      min_token_prob if truncate_by_evidence else 0.0)
     else:
         accept = prior
     n = 0
     for p, a in zip(cand.probs, accept):
-        if (a if truncate_by_evidence else p) < min_token_prob or a <= 0.0 or a < floor:
+        if (a if truncate_by_evidence else p) < min_token_prob or a <= 0.0:
             break
         n += 1
     cand.prior = prior[:n]
@@ -146,27 +113,17 @@ def evaluate(cand: Candidate, kappa: float, mu: float, min_token_prob: float,
 
 
 def choose(cands: list[Candidate], kappa: float, mu: float, min_token_prob: float,
-           truncate_by_evidence: bool = True, calibrator: "AcceptanceCalibrator | None" = None,
-           weight: float | None = None, c_tok: float = 0.0) -> Candidate | None:
-    """Evaluate candidates and return the best non-empty one, or ``None``: the largest sum of a_i, or with
-    ``weight`` the lowest :func:`progress_cost` (see the module docstring).
+           truncate_by_evidence: bool = True, calibrator: "AcceptanceCalibrator | None" = None) -> Candidate | None:
+    """Evaluate candidates and return the best non-empty one (largest sum of a_i), or ``None``.
 
     Args:
         cands: candidates in ``SOURCE_ORDER`` order (ties keep the earliest).
         kappa, mu, min_token_prob, truncate_by_evidence: see ``DrafterConfig``.
         calibrator: optional :class:`~das_trl.drafter.reference.calibration.AcceptanceCalibrator`.
-        weight: the row's weight (ms, >= 0; ``BudgetController.plan``'s ``weight_ms``), ``None``: not value-aware.
-        c_tok: ms per verified token (>= 0).
     """
     best: Candidate | None = None
-    best_score = 0.0
-    floor = value_floor(weight, c_tok)
-    w = 0.0 if weight is None else max(weight, 0.0)
     for cand in cands:
-        evaluate(cand, kappa, mu, min_token_prob, truncate_by_evidence, calibrator, floor)
-        if not cand.accept:
-            continue
-        score = cand.score if weight is None else -progress_cost(cand.accept, w, c_tok)
-        if best is None or score > best_score:
-            best, best_score = cand, score
+        evaluate(cand, kappa, mu, min_token_prob, truncate_by_evidence, calibrator)
+        if cand.accept and (best is None or cand.score > best.score):
+            best = cand
     return best

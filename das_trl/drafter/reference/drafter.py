@@ -24,7 +24,7 @@ from ..draft_batch import DraftBatch
 from ..history import RolloutHistory, history_state
 from ..problem_key import problem_key as _problem_key
 from ..sources import SOURCE_ORDER
-from ..tokens import TOKEN_LIMIT, as_tokens, check_request_id, check_row_weights, count_array, group_rollouts
+from ..tokens import TOKEN_LIMIT, as_tokens, check_request_id, count_array, group_rollouts
 from .arbitration import choose
 from .arctic import suffix_tree
 from .calibration import AcceptanceCalibrator
@@ -295,17 +295,13 @@ class DASDrafter:
         return list(best.token_ids) if best is not None else []
 
     def propose_batch(self, request_ids: Sequence[str], max_tokens: Sequence[int] | np.ndarray,
-                      contexts: Sequence[np.ndarray | Sequence[int] | None] | None = None, *,
-                      row_weights: np.ndarray | None = None, c_tok_ms: float = 0.0) -> DraftBatch:
+                      contexts: Sequence[np.ndarray | Sequence[int] | None] | None = None) -> DraftBatch:
         """Draft for many requests at once (one engine step): :meth:`propose` per row, as arrays.
 
         Args:
             request_ids: ``n`` active requests.
             max_tokens: ``int [n]`` per-row budget (each capped at ``config.max_spec_tokens``; ``<= 0``: no draft).
             contexts: per-row context as in :meth:`propose`, or ``None`` for every row's own prompt + output.
-            row_weights: ``float64 [n]`` value-aware choice (``arbitration.choose``): each row's weight (ms, >= 0;
-                ``BudgetController.plan``'s ``weight_ms``); ``None``: the largest sum of estimates wins.
-            c_tok_ms: ms per verified token (finite, >= 0), with ``row_weights``.
 
         Returns:
             :class:`~das_trl.drafter.draft_batch.DraftBatch` of width ``config.max_spec_tokens`` with the calibrated
@@ -320,11 +316,9 @@ class DASDrafter:
         if len(budgets) != n or (contexts is not None and len(contexts) != n):
             raise ValueError(f"propose_batch: {n} request_ids but {len(budgets)} max_tokens"
                              + ("" if contexts is None else f" and {len(contexts)} contexts"))
-        weights = check_row_weights(row_weights, n, c_tok_ms)
         out = DraftBatch.empty(n, self.config.max_spec_tokens)
         for i, rid in enumerate(request_ids):
-            best = self._propose_one(rid, None if contexts is None else contexts[i], int(budgets[i]),
-                                     None if weights is None else float(weights[i]), c_tok_ms)
+            best = self._propose_one(rid, None if contexts is None else contexts[i], int(budgets[i]))
             if best is None:
                 continue
             k = len(best.token_ids)
@@ -337,7 +331,7 @@ class DASDrafter:
 
     def step(self, request_ids: Sequence[str], token_matrix: np.ndarray, rows: np.ndarray, num_tokens: np.ndarray,
              num_prompt: np.ndarray, num_sampled: np.ndarray, num_verified: np.ndarray,
-             max_tokens: np.ndarray, *, row_weights: np.ndarray | None = None, c_tok_ms: float = 0.0) -> DraftBatch:
+             max_tokens: np.ndarray) -> DraftBatch:
         """One engine step for active requests whose texts live in a token matrix (vLLM's ``token_ids_cpu``).
 
         Row ``i`` is ``request_ids[i]``, with text ``token_matrix[rows[i], :num_tokens[i]]`` (prompt of
@@ -345,11 +339,11 @@ class DASDrafter:
         verification is reported (``accepted = min(verified, num_sampled - 1)``, ``verified`` = the draft length as
         sent, capped by ``num_verified[i]`` when ``>= 0``); the output tokens not yet seen are appended (a request
         whose output shrank, i.e. was preempted and recomputed, is restarted from its prompt); then every row is
-        drafted with budget ``max_tokens[i]`` (:meth:`propose_batch`, with ``row_weights`` / ``c_tok_ms``).
+        drafted with budget ``max_tokens[i]`` (:meth:`propose_batch`).
 
         Args:
             token_matrix: ``int [R, L]``; rows, num_tokens, num_prompt, num_sampled, num_verified, max_tokens:
-                ``int [n]``; row_weights / c_tok_ms: as :meth:`propose_batch`.
+                ``int [n]``.
 
         Raises:
             KeyError: an unknown request. ValueError: shapes or lengths out of range (nothing changed).
@@ -359,7 +353,6 @@ class DASDrafter:
                 (rows, num_tokens, num_prompt, num_sampled, num_verified, max_tokens)]
         if any(len(a) != n for a in cols) or np.ndim(token_matrix) != 2:
             raise ValueError(f"step: {n} request_ids, every array needs n entries and token_matrix 2 dims")
-        check_row_weights(row_weights, n, c_tok_ms)
         rows_, nt, npr, ns, nv, mt = cols
         R, L = np.shape(token_matrix)
         bad = (rows_ < 0) | (rows_ >= R) | (npr < 0) | (npr > nt) | (nt > L) | (ns < 0)
@@ -387,7 +380,7 @@ class DASDrafter:
                         self.record_acceptance(rid, min(verified, int(ns[i]) - 1), verified)
                 if num_output > out_len:
                     self.extend_request(rid, text[npr[i] + out_len:nt[i]])
-            return self.propose_batch(request_ids, mt, row_weights=row_weights, c_tok_ms=c_tok_ms)
+            return self.propose_batch(request_ids, mt)
 
     def trim(self, request_ids: Sequence[str], lengths: Sequence[int] | np.ndarray) -> None:
         """Cut each request's outstanding draft to ``lengths[i]`` tokens: what was really sent for verification
@@ -412,8 +405,7 @@ class DASDrafter:
                 else:
                     self._unverified[rid] = (source, match_len, prior[:keep])
 
-    def _propose_one(self, request_id: str, context, max_tokens: int, weight: float | None = None,
-                     c_tok: float = 0.0):
+    def _propose_one(self, request_id: str, context, max_tokens: int):
         cfg = self.config
         if context is None:
             ctx = None
@@ -435,7 +427,7 @@ class DASDrafter:
             order = {s: i for i, s in enumerate(SOURCE_ORDER)}
             cands.sort(key=lambda c: order[c.source])
             best = choose(cands, cfg.evidence_pseudocount, cfg.match_len_pseudocount,
-                          cfg.min_token_prob, cfg.truncate_by_evidence, self._calibrator, weight, c_tok)
+                          cfg.min_token_prob, cfg.truncate_by_evidence, self._calibrator)
             if best is None:
                 return None
             self._unverified[request_id] = (best.source, best.match_len, best.prior)
@@ -477,7 +469,7 @@ class DASDrafter:
         with self._engine_lock():
             return self._verified_drafts, self._verified_tokens, self._accepted_tokens
 
-    def calibration(self) -> dict[str, list[list[float]]]:
+    def calibration(self) -> dict[str, list[list[list[float]]]]:
         """The calibrator's observed/predicted ratios, source -> [match-length bucket][prior bin] (buckets 1, 2,
         3-4, 5-8, 9+ tokens; bins 0.0-0.1, ..., 0.9-1.0); ``{}`` when calibration is off."""
         with self._engine_lock():

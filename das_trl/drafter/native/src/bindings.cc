@@ -81,21 +81,6 @@ void need_rows(const char* what, size_t got, size_t n) {
     throw das::InputError(std::string(what) + " must have " + std::to_string(n) + " rows, got " + std::to_string(got));
 }
 
-// The value-aware drafting inputs (Drafter::propose): row_weights None (nullptr: the largest sum of estimates wins) or
-// n finite weights >= 0; c_tok finite >= 0. Checked before anything changes.
-const double* checked_weights(const nb::ndarray<const double, nb::ndim<1>, nb::c_contig, nb::device::cpu>& w,
-                              size_t n, double c_tok) {
-  if (!(c_tok >= 0.0 && c_tok < 1e300)) throw das::InputError("c_tok must be a finite number >= 0, got " +
-                                                               std::to_string(c_tok));
-  if (!w.is_valid()) return nullptr;
-  need_rows("row_weights", w.shape(0), n);
-  for (size_t i = 0; i < n; ++i)
-    if (!(w.data()[i] >= 0.0 && w.data()[i] < 1e300))
-      throw das::InputError("row_weights must be finite numbers >= 0, got " + std::to_string(w.data()[i]) +
-                            " at row " + std::to_string(i));
-  return w.data();
-}
-
 // Row counts that must match a reference array's (the message names both).
 void need_rows_like(const char* what, size_t got, const char* ref, size_t n) {
   if (got != n)
@@ -170,12 +155,10 @@ NB_MODULE(_das_native, m) {
            "slot"_a)
       .def("propose",
            [](das::Drafter& d, In1<int32_t> slots, In1<int32_t> budgets, Out2<int32_t> tokens, Out2<double> accept,
-              Out1<int32_t> lengths, Out1<int8_t> source, Out1<int32_t> match_len, bool fill_idle,
-              In1<double> row_weights, double c_tok) {
+              Out1<int32_t> lengths, Out1<int8_t> source, Out1<int32_t> match_len, bool fill_idle) {
              const size_t n = slots.shape(0);
              const size_t K = static_cast<size_t>(d.config().max_spec_tokens);
              need_rows("budgets", budgets.shape(0), n);
-             const double* weights = checked_weights(row_weights, n, c_tok);
              need_rows("tokens", tokens.shape(0), n);
              need_rows("accept", accept.shape(0), n);
              need_rows("lengths", lengths.shape(0), n);
@@ -187,18 +170,18 @@ NB_MODULE(_das_native, m) {
              nb::gil_scoped_release nogil;
              slot_guard([&] {
                d.propose(slots.data(), budgets.data(), static_cast<int64_t>(n), tokens.data(), accept.data(),
-                         lengths.data(), source.data(), match_len.data(), fill_idle, weights, c_tok);
+                         lengths.data(), source.data(), match_len.data(), fill_idle);
              });
            },
            "slots"_a, "budgets"_a, "tokens"_a.noconvert(), "accept"_a.noconvert(), "lengths"_a.noconvert(),
            "source"_a.noconvert(), "match_len"_a.noconvert(),
-           "fill_idle"_a = true, "row_weights"_a.none() = nb::none(), "c_tok"_a = 0.0)
+           "fill_idle"_a = true)
       .def("step",
            [](das::Drafter& d, nb::ndarray<const int32_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> matrix,
               In1<int32_t> slots, In1<int32_t> rows, In1<int32_t> num_tokens, In1<int32_t> num_prompt,
               In1<int32_t> num_sampled, In1<int32_t> num_verified, In1<int32_t> budgets, Out2<int32_t> tokens,
               Out2<double> accept, Out1<int32_t> lengths, Out1<int8_t> source, Out1<int32_t> match_len,
-              bool fill_idle, bool release, In1<double> row_weights, double c_tok) {
+              bool fill_idle, bool release) {
              const size_t n = slots.shape(0);
              const size_t K = static_cast<size_t>(d.config().max_spec_tokens);
              for (auto [name, got] : {std::pair<const char*, size_t>{"rows", rows.shape(0)},
@@ -211,19 +194,18 @@ NB_MODULE(_das_native, m) {
              if (tokens.shape(1) != K || accept.shape(1) != K)
                throw das::InputError("tokens and accept must have max_spec_tokens = " + std::to_string(K) +
                                      " columns");
-             const double* weights = checked_weights(row_weights, n, c_tok);
              nb::gil_scoped_release nogil;
              slot_guard([&] {
                d.step(matrix.data(), static_cast<int64_t>(matrix.shape(0)), static_cast<int64_t>(matrix.shape(1)),
                       slots.data(), rows.data(), num_tokens.data(), num_prompt.data(), num_sampled.data(),
                       num_verified.data(), budgets.data(), static_cast<int64_t>(n), tokens.data(), accept.data(),
-                      lengths.data(), source.data(), match_len.data(), fill_idle, release, weights, c_tok);
+                      lengths.data(), source.data(), match_len.data(), fill_idle, release);
              });
            },
            "matrix"_a, "slots"_a, "rows"_a, "num_tokens"_a, "num_prompt"_a, "num_sampled"_a, "num_verified"_a,
            "budgets"_a, "tokens"_a.noconvert(), "accept"_a.noconvert(), "lengths"_a.noconvert(),
            "source"_a.noconvert(), "match_len"_a.noconvert(), "fill_idle"_a = true,
-           "release"_a = true, "row_weights"_a.none() = nb::none(), "c_tok"_a = 0.0)
+           "release"_a = true)
       .def("release_ingest", &das::Drafter::release_ingest)
       .def("flush",
            [](das::Drafter& d) {

@@ -11,19 +11,6 @@ namespace das {
 
 namespace {
 
-// min over d in 0..n of (w + c_tok (1 + d)) / (1 + acc[0] + ... + acc[d - 1]): a row's cost per token of progress
-// when it drafts the best prefix of this draft (the reference's arbitration.progress_cost, same order of operations).
-double progress_cost(const double* acc, int n, double w, double c_tok) {
-  double best = w + c_tok;
-  double s = 0.0;
-  for (int d = 1; d <= n; ++d) {
-    s += acc[d - 1];
-    const double r = (w + c_tok * static_cast<double>(1 + d)) / (1.0 + s);
-    if (r < best) best = r;
-  }
-  return best;
-}
-
 LiveConfig live_config(const DrafterConfig& c) {
   LiveConfig l;
   l.depth = c.depth;
@@ -338,8 +325,8 @@ int64_t Drafter::snapshot_support(const Snapshot& s, const RawDraft& d, const in
   return s.distinct(u);
 }
 
-void Drafter::propose_row(Request& r, int budget, const double* weight, double c_tok, const Snapshot* psnap,
-                          const Snapshot* gsnap, RowOut& out, Counters& ctr) {
+void Drafter::propose_row(Request& r, int budget, const Snapshot* psnap, const Snapshot* gsnap, RowOut& out,
+                          Counters& ctr) {
   out.length = 0;
   out.source = -1;
   out.match_len = 0;
@@ -438,12 +425,8 @@ void Drafter::propose_row(Request& r, int budget, const double* weight, double c
     }
   }
   // Evidence-weighted, calibrated choice (arbitration.py): a_i = p_i * n/(n+kappa) * m/(m+mu), calibrated, cut at
-  // the first estimate below min_token_prob (and, value-aware, below c_tok / (w + c_tok)); the largest sum wins (or,
-  // value-aware, the lowest cost per token of progress), ties to the earlier source.
+  // the first estimate below min_token_prob; the largest sum wins, ties to the earlier source.
   // cands are in source order already (problem, siblings, local, batch, global).
-  const double w = weight ? std::max(*weight, 0.0) : 0.0;
-  const double value_floor = weight && c_tok > 0.0 ? c_tok / (w + c_tok) : 0.0;
-  const double cal_floor = std::max(cfg_.truncate_by_evidence ? cfg_.min_token_prob : 0.0, value_floor);
   double prior[kMaxSpec], acc[kMaxSpec];
   double best_score = 0.0;
   int best = -1, best_n = 0;
@@ -459,22 +442,18 @@ void Drafter::propose_row(Request& r, int budget, const double* weight, double c
     for (int i = 0; i < c.d.n; ++i) prior[i] = static_cast<double>(c.d.probs[i]) * conf;
     int na = c.d.n;
     if (cfg_.calibrate) {
-      na = cal_.calibrate(c.source, m, prior, c.d.n, cal_floor, acc);
+      na = cal_.calibrate(c.source, m, prior, c.d.n, cfg_.truncate_by_evidence ? cfg_.min_token_prob : 0.0, acc);
     } else {
       for (int i = 0; i < na; ++i) acc[i] = prior[i];
     }
     int cnt = 0;
     for (; cnt < std::min(na, c.d.n); ++cnt) {
       const double test = cfg_.truncate_by_evidence ? acc[cnt] : static_cast<double>(c.d.probs[cnt]);
-      if (test < cfg_.min_token_prob || acc[cnt] <= 0.0 || acc[cnt] < value_floor) break;
+      if (test < cfg_.min_token_prob || acc[cnt] <= 0.0) break;
     }
     if (cnt == 0) continue;
     double score = 0.0;
-    if (weight) {
-      score = -progress_cost(acc, cnt, w, c_tok);
-    } else {
-      for (int i = 0; i < cnt; ++i) score += acc[i];
-    }
+    for (int i = 0; i < cnt; ++i) score += acc[i];
     if (best < 0 || score > best_score) {
       best = ci;
       best_score = score;
@@ -500,10 +479,9 @@ void Drafter::propose_row(Request& r, int budget, const double* weight, double c
 }
 
 void Drafter::propose(const int32_t* slots, const int32_t* budgets, int64_t n, int32_t* tokens, double* accept,
-                      int32_t* lengths, int8_t* source, int32_t* match_len, bool fill_idle, const double* row_weights,
-                      double c_tok) {
+                      int32_t* lengths, int8_t* source, int32_t* match_len, bool fill_idle) {
   Lock lk = lock_synced();
-  propose_rows(slots, budgets, n, tokens, accept, lengths, source, match_len, fill_idle, row_weights, c_tok);
+  propose_rows(slots, budgets, n, tokens, accept, lengths, source, match_len, fill_idle);
 }
 
 void Drafter::prefetch_row(const Request& r, const Snapshot* psnap, const Snapshot* gsnap) const {
@@ -521,8 +499,7 @@ void Drafter::prefetch_row(const Request& r, const Snapshot* psnap, const Snapsh
 }
 
 void Drafter::propose_rows(const int32_t* slots, const int32_t* budgets, int64_t n, int32_t* tokens, double* accept,
-                           int32_t* lengths, int8_t* source, int32_t* match_len, bool fill_idle,
-                           const double* row_weights, double c_tok) {
+                           int32_t* lengths, int8_t* source, int32_t* match_len, bool fill_idle) {
   const int K = cfg_.max_spec_tokens;
   for (int64_t i = 0; i < n; ++i) req(slots[i]);  // validate every row before changing any state
   // Rows that do not draft: "no draft" and nothing else (no snapshot, no group check, no search).
@@ -559,8 +536,7 @@ void Drafter::propose_rows(const int32_t* slots, const int32_t* budgets, int64_t
       out.accept = accept + i * K;
       std::fill(out.tokens, out.tokens + K, 0);
       std::fill(out.accept, out.accept + K, 0.0);
-      propose_row(reqs_[slots[i]], budgets[i], row_weights ? row_weights + i : nullptr, c_tok, snaps_buf_[j].get(),
-                  gsnap, out, worker_ctr_[w]);
+      propose_row(reqs_[slots[i]], budgets[i], snaps_buf_[j].get(), gsnap, out, worker_ctr_[w]);
       lengths[i] = out.length;
       source[i] = out.source;
       match_len[i] = out.match_len;
@@ -585,7 +561,7 @@ void Drafter::step(const int32_t* matrix, int64_t rows_in_matrix, int64_t row_le
                    const int32_t* rows, const int32_t* num_tokens, const int32_t* num_prompt,
                    const int32_t* num_sampled, const int32_t* num_verified, const int32_t* budgets, int64_t n,
                    int32_t* tokens, double* accept, int32_t* lengths, int8_t* source, int32_t* match_len,
-                   bool fill_idle, bool release, const double* row_weights, double c_tok) {
+                   bool fill_idle, bool release) {
   Lock lk(mu_);
   bool drafting = false;
   for (int64_t i = 0; i < n; ++i) {  // validate every row before changing any state
@@ -654,7 +630,7 @@ void Drafter::step(const int32_t* matrix, int64_t rows_in_matrix, int64_t row_le
       no_draft(i, K, tokens, accept, lengths, source, match_len, fill_idle);
     }
   }
-  if (!defer) propose_rows(slots, budgets, n, tokens, accept, lengths, source, match_len, fill_idle, row_weights, c_tok);
+  if (!defer) propose_rows(slots, budgets, n, tokens, accept, lengths, source, match_len, fill_idle);
   if (defer_rows_.empty()) return;
   ++ingest_.deferred_steps;
   if (!release) return;  // the caller releases it (release_ingest) after its own calls that need no automata

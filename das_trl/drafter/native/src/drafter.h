@@ -95,15 +95,8 @@ class Drafter {
   // tokens / accept [n, max_spec_tokens] (row-major), lengths / match_len [n], source [n]. A row that does not draft
   // gets lengths 0, source -1, match_len 0, and its tokens / accept row is zeroed only when fill_idle (pass false
   // for buffers that are zero already); a drafting row's is written whole (zero past its length).
-  // Value-aware choice: with row_weights (w[i] >= 0, ms: what one more verification round of row i adds to the
-  // batch's expected cost, BudgetController.plan's weight_ms) and c_tok (ms per verified token), each row takes the
-  // candidate whose draft lowers (w + c_tok (1 + d)) / (1 + S_d) the most over its prefixes d (S_d: the sum of its
-  // first d calibrated estimates; the controller's cut, budget/controller.py optimal_draft_lengths), and a draft ends
-  // at the first estimate below c_tok / (w + c_tok), which no prefix can use; row_weights == nullptr: the largest
-  // sum of estimates wins.
   void propose(const int32_t* slots, const int32_t* budgets, int64_t n, int32_t* tokens, double* accept,
-               int32_t* lengths, int8_t* source, int32_t* match_len, bool fill_idle = true,
-               const double* row_weights = nullptr, double c_tok = 0.0);
+               int32_t* lengths, int8_t* source, int32_t* match_len, bool fill_idle = true);
   void record_acceptance(int32_t slot, int64_t accepted, int64_t verified);
   // One engine step for n rows, reading each row's text from a token matrix (vLLM's token_ids_cpu): row i is
   // request slots[i], whose text is matrix[rows[i], :num_tokens[i]] with a prompt of num_prompt[i] tokens and
@@ -116,8 +109,7 @@ class Drafter {
   void step(const int32_t* matrix, int64_t rows_in_matrix, int64_t row_len, const int32_t* slots, const int32_t* rows,
             const int32_t* num_tokens, const int32_t* num_prompt, const int32_t* num_sampled,
             const int32_t* num_verified, const int32_t* budgets, int64_t n, int32_t* tokens, double* accept,
-            int32_t* lengths, int8_t* source, int32_t* match_len, bool fill_idle = true, bool release = true,
-            const double* row_weights = nullptr, double c_tok = 0.0);
+            int32_t* lengths, int8_t* source, int32_t* match_len, bool fill_idle = true, bool release = true);
   // With release = false, step leaves its deferred tokens queued but not yet offered to the ingest thread (calls
   // that need no automaton, such as trim, then never wait for that ingest); release_ingest offers them. Any call that
   // needs the state still completes them first, so nothing is lost if the caller never releases.
@@ -204,8 +196,8 @@ class Drafter {
   Hot& hot(const Request& r) { return hot_[&r - reqs_.data()]; }
   void sync_history(Request& r, const Snapshot& s, HistMatch& hm) const;
   int64_t snapshot_support(const Snapshot& s, const RawDraft& d, const int32_t* ctx, int ctx_len) const;
-  void propose_row(Request& r, int budget, const double* weight, double c_tok, const Snapshot* problem_snap,
-                   const Snapshot* global_snap, RowOut& out, Counters& ctr);
+  void propose_row(Request& r, int budget, const Snapshot* problem_snap, const Snapshot* global_snap, RowOut& out,
+                   Counters& ctr);
   // Prefetch the states an upcoming row will touch first (rows are independent: their data is scattered in memory).
   void prefetch_row(const Request& r, const Snapshot* psnap, const Snapshot* gsnap) const;
   void start_locked(int32_t slot, const int32_t* prompt, int64_t n, uint64_t problem);
@@ -213,8 +205,7 @@ class Drafter {
   void stop_locked(Request& r);
   void record_locked(Request& r, int64_t accepted, int64_t verified);
   void propose_rows(const int32_t* slots, const int32_t* budgets, int64_t n, int32_t* tokens, double* accept,
-                    int32_t* lengths, int8_t* source, int32_t* match_len, bool fill_idle, const double* row_weights,
-                    double c_tok);
+                    int32_t* lengths, int8_t* source, int32_t* match_len, bool fill_idle);
   // Takes the mutex and completes the deferred ingest (the lock every request-state method starts with; const
   // methods too: the ingest changes no value they report, it only makes it current).
   Lock lock_synced() const;
