@@ -1,11 +1,15 @@
 """GPU and multi-node readiness (issue 12), without a GPU: one test per known break and per refused setting.
 
 - QLoRA in colocate mode: the engine gets TRL's ``quantization="bitsandbytes"``; 8-bit is refused as TRL does.
-- Pipeline parallelism: ranks without a drafter answer "no drafter on this rank" and clients skip them.
+- Pipeline parallelism: ranks without a drafter answer "no drafter on this rank" and clients skip them; ``das-trl
+  serve`` refuses it on every vLLM release not verified (0.32 and 0.33 build the drafter on the last stage only).
 - Tensor parallelism: only the rank whose drafts vLLM uses attaches (the others hold no history).
-- Data parallelism on a server: refused at attach and by ``das-trl serve``.
-- ``VLLM_USE_V2_MODEL_RUNNER=1`` and async scheduling: refused before an engine is built, with the same settings
-  checked against the installed vLLM's own config validation (``EngineArgs.create_engine_config``).
+- Data parallelism on a server: das-trl's endpoint plugin returns every engine's replies through vLLM's own
+  ``DPLBAsyncMPClient`` (engines stubbed); a server without it is refused at attach; a push that reaches some engines
+  is repaired at once. (A real 2-engine server: ``tests/test_server_data_parallel.py``.)
+- ``VLLM_USE_V2_MODEL_RUNNER=1``, async scheduling and K out of range: refused before an engine is built, with the
+  same settings checked against the installed vLLM's own config validation (``EngineArgs.create_engine_config``).
+- Colocated engine arguments: ``das_vllm_kwargs`` overrides TRL's, read back from vLLM's engine config.
 - ``das-trl serve`` passes ``--enable-scale-out`` (the endpoints TRL's client uses for image prompts).
 - The NVIDIA driver check of ``das-trl doctor`` and ``scripts/setup_env.sh``.
 - ``das-trl bench live``: the ``none`` baseline keeps vLLM's default scheduling.
@@ -16,6 +20,7 @@ the model runner is faked (tests/reliability_fakes.py).
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -156,6 +161,25 @@ def test_async_scheduling_in_das_vllm_kwargs_is_refused(colocate, tmp_path):
     assert _RecordingLLM.calls == []
 
 
+#: vLLM's refusal of async scheduling with a custom_class drafter: 0.32's wording (VllmConfig.__post_init__) and
+#: 0.33.0's (read from the CUDA wheel's vllm/config/vllm.py).
+ASYNC_REFUSALS = {
+    (0, 32): "Currently, async scheduling is only supported with EAGLE/MTP/Draft Model/NGram GPU/DSpark/DFlash kind of "
+             "speculative decoding",
+    (0, 33): "Async scheduling is not supported by the V1 model runner with custom_class-based speculative decoding",
+}
+ASYNC_REFUSAL = r"(?i)async scheduling is only supported|async scheduling is not supported by the V1 model runner"
+
+
+def test_both_async_scheduling_refusals_are_recognised():
+    import re
+
+    for wording in ASYNC_REFUSALS.values():
+        assert re.search(ASYNC_REFUSAL, wording), wording
+    assert not re.search(ASYNC_REFUSAL, "Async scheduling not supported with custom_class-based speculative decoding "
+                                        "and will be disabled.")  # vLLM's warning when it turns it off by itself
+
+
 def test_refused_settings_are_the_ones_the_installed_vllm_rejects(model_path, monkeypatch):
     """The premise of the refusals, on the real vLLM config objects: with the DAS speculative config, vLLM's own
     validation rejects async scheduling and the V2 runner, and accepts the defaults (async scheduling then off)."""
@@ -170,11 +194,140 @@ def test_refused_settings_are_the_ones_the_installed_vllm_rejects(model_path, mo
                           **extra).create_engine_config()
 
     assert config().scheduler_config.async_scheduling is False
-    with pytest.raises(Exception, match="async scheduling is only supported"):
+    with pytest.raises(Exception, match=ASYNC_REFUSAL):
         config(async_scheduling=True)
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
     with pytest.raises(Exception, match="Model Runner V2"):
         config()
+
+
+# ---------------------------------------------------------------------------------------------------- K
+@pytest.mark.parametrize("k", [65, 128, 129, 0])
+def test_k_out_of_range_is_refused_everywhere_with_both_caps(k, tmp_path, no_server_start, caplog):
+    from das_trl.trainer import DASGRPOConfig
+    from das_trl.vllm.engine import das_engine_kwargs, das_speculative_config
+
+    for build in (lambda: das_speculative_config(k), lambda: das_engine_kwargs(k),
+                  lambda: DASGRPOConfig(output_dir=str(tmp_path), report_to="none", bf16=False,
+                                        das_num_speculative_tokens=k)):
+        with pytest.raises(ValueError) as info:
+            build()
+        text = str(info.value)
+        assert f"={k}" in text and "1..64" in text, text
+        if k:
+            assert "MAX_SPEC_TOKENS" in text and "MAX_SPEC_LEN" in text and "128" in text, text
+    assert serve.main(["--model", "/models/m", "--num-speculative-tokens", str(k)]) == 2
+    assert f"--num-speculative-tokens={k}" in caplog.text and "MAX_SPEC_LEN" in caplog.text
+
+
+def test_the_largest_k_the_native_core_drafts_is_accepted(tmp_path):
+    from das_trl.drafter import native
+    from das_trl.trainer import DASGRPOConfig
+    from das_trl.vllm.engine import das_speculative_config, max_num_speculative_tokens
+
+    assert native.available(), "the native core is built by the setup script"
+    assert max_num_speculative_tokens() == native.load().MAX_SPEC_TOKENS == 64
+    assert das_speculative_config(64)["num_speculative_tokens"] == 64
+    DASGRPOConfig(output_dir=str(tmp_path), report_to="none", bf16=False, das_num_speculative_tokens=64)
+
+
+def test_vllm_verifies_at_most_128_draft_tokens():
+    """The cap the refusal quotes is the installed vLLM's own."""
+    from vllm.v1.sample import rejection_sampler
+
+    from das_trl.vllm.engine import VLLM_MAX_SPEC_LEN
+
+    assert rejection_sampler.MAX_SPEC_LEN == VLLM_MAX_SPEC_LEN == 128
+
+
+# ---------------------------------------------------------------------------------------------------- engine sizes
+def test_das_vllm_kwargs_override_trls_colocate_arguments_and_reach_the_engine_config(colocate, model_path):
+    """Every argument TRL's colocate mode passes is a default that das_vllm_kwargs replaces (no "multiple values for
+    keyword argument"), and vLLM's own config then holds the values (EngineArgs.create_engine_config: what vllm.LLM
+    builds its engine from)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    gen = colocate(vllm_kwargs={"max_num_batched_tokens": 8192, "max_model_len": 640, "seed": 7,
+                                "gpu_memory_utilization": 0.5, "max_num_seqs": 32, "enforce_eager": True,
+                                "logprobs_mode": "raw_logprobs"})
+    gen._init_colocate()
+    (kwargs,) = _RecordingLLM.calls
+    assert (kwargs["max_num_batched_tokens"], kwargs["max_model_len"], kwargs["seed"]) == (8192, 640, 7)
+    assert (kwargs["gpu_memory_utilization"], kwargs["max_num_seqs"], kwargs["logprobs_mode"]) == (0.5, 32,
+                                                                                                   "raw_logprobs")
+    kwargs = dict(kwargs, model=model_path, distributed_executor_backend=None, kv_cache_memory_bytes=512 * 1024**2)
+    config = EngineArgs(**kwargs).create_engine_config()
+    assert config.scheduler_config.max_num_batched_tokens == 8192
+    assert config.model_config.max_model_len == 640
+    assert config.scheduler_config.max_num_seqs == 32
+    assert config.speculative_config.num_speculative_tokens == K
+
+
+def test_colocated_engine_defaults_headroom_and_batched_tokens(colocate, monkeypatch):
+    from das_trl.trainer import generation
+    from das_trl.vllm.engine import default_max_num_batched_tokens
+
+    gen = colocate()  # vllm_max_model_length 256, max_num_seqs 8
+    gen._init_colocate()
+    kwargs = _RecordingLLM.calls[-1]
+    assert kwargs["max_model_len"] == 256 + K  # K tokens of headroom past TRL's prompt + completion length
+    assert kwargs["max_num_batched_tokens"] == 4096  # this CPU build: TRL's value
+    colocate(enabled=False)._init_colocate()  # an A/B run without drafts gets the same engine sizes
+    assert (_RecordingLLM.calls[-1]["max_model_len"], _RecordingLLM.calls[-1]["max_num_batched_tokens"]) == (256 + K,
+                                                                                                         4096)
+    assert "speculative_config" not in _RecordingLLM.calls[-1]
+    unset = colocate()
+    unset.max_model_length = None
+    unset._init_colocate()
+    assert _RecordingLLM.calls[-1]["max_model_len"] is None  # the model's own length
+    monkeypatch.setattr(generation, "is_cpu_build", lambda: False)
+    colocate()._init_colocate()
+    assert _RecordingLLM.calls[-1]["max_num_batched_tokens"] == 8192  # GPU: vLLM's guidance with speculation
+    # The formula, derived from K (never a fixed 16): floor, max_num_seqs x (K + 1), cap.
+    assert default_max_num_batched_tokens(16, 64, cpu=False) == 8192
+    assert default_max_num_batched_tokens(16, 640, cpu=False) == 640 * 17
+    assert default_max_num_batched_tokens(48, 640, cpu=False) == 16384
+    assert default_max_num_batched_tokens(8, 16, cpu=True) == 4096
+    assert default_max_num_batched_tokens(8, 1024, cpu=True) == 9216
+    assert default_max_num_batched_tokens(1, 20000, cpu=False) == 20000  # vLLM needs >= max_num_seqs
+
+
+@pytest.mark.parametrize("key", ["model", "tensor_parallel_size", "distributed_executor_backend"])
+def test_das_vllm_kwargs_cannot_replace_what_colocate_mode_owns(colocate, key):
+    with pytest.raises(ValueError, match=f"das_vllm_kwargs sets {key}=") as info:
+        colocate(vllm_kwargs={key: 2})._init_colocate()
+    assert "Remove it from das_vllm_kwargs" in str(info.value)
+    assert _RecordingLLM.calls == []
+
+
+def test_trainer_warns_once_with_the_setting_when_rollouts_lack_headroom(caplog):
+    from das_trl.trainer.generation import DASVLLMGeneration
+    from das_trl.trainer.trainer import DASGRPOTrainer
+
+    def generation(mode, vllm_kwargs=None):
+        gen = object.__new__(DASVLLMGeneration)
+        gen.mode, gen.max_completion_length = mode, 40
+        gen.das = {"num_speculative_tokens": K, "vllm_kwargs": vllm_kwargs}
+        gen.engine = SimpleNamespace(limits={"max_model_len": 100, "num_speculative_tokens": K})
+        return gen
+
+    trainer = DASGRPOTrainer.__new__(DASGRPOTrainer)
+    trainer.das = {"num_speculative_tokens": K}
+    trainer.vllm_generation = generation("server")
+    with caplog.at_level(logging.WARNING, logger="das_trl"):
+        trainer._das_check_headroom([[1] * 60, [1] * 20], [[2] * 40, [2] * 40])  # 60 + 40 + 8 > 100
+        trainer._das_check_headroom([[1] * 55], [[2] * 40])
+    assert trainer._das_headroom_short_rows == 2
+    assert caplog.text.count("placeholder draft tokens") == 1
+    assert "1 of 2 rollouts this step reached within K=8 tokens" in caplog.text
+    assert "restart `das-trl serve` with --max-model-len 108 or more" in caplog.text  # 60 + 40 + 8
+    assert "set vllm_max_model_length to 90 or more" in generation("colocate").headroom_advice(1, 2, 50)
+    assert "das_vllm_kwargs['max_model_len'] to 98" in generation("colocate", {"max_model_len": 99}).headroom_advice(
+        1, 2, 50)
+    roomy = DASGRPOTrainer.__new__(DASGRPOTrainer)
+    roomy.das, roomy.vllm_generation = trainer.das, generation("server")
+    roomy._das_check_headroom([[1] * 52], [[2] * 40])  # 52 + 40 + 8 = 100: fits
+    assert roomy._das_headroom_short_rows == 0
 
 
 # ---------------------------------------------------------------------------------------------------- das-trl serve
@@ -191,9 +344,10 @@ def no_server_start(monkeypatch):
 @pytest.mark.parametrize("flags, words", [
     (["--async-scheduling"], "--async-scheduling=True"),
     (["--async_scheduling"], "--async-scheduling=True"),
-    (["--data-parallel-size", "2"], "--data-parallel-size=2"),
-    (["-dp", "4"], "--data-parallel-size=4"),
-    (["--data-parallel-size=2"], "--data-parallel-size=2"),
+    (["--data-parallel-size", "2", "--data-parallel-external-lb"], "--data-parallel-external-lb:"),
+    (["-dp", "4", "-dpn", "1"], "--data-parallel-rank=1"),
+    (["-dp", "4", "--data-parallel-hybrid-lb"], "--data-parallel-hybrid-lb"),
+    (["--data-parallel-size=2", "--headless"], "--headless"),
 ])
 def test_serve_refuses_settings_that_cannot_run_the_drafter(no_server_start, caplog, flags, words):
     assert serve.main(["--model", "/models/m", *flags]) == 2
@@ -218,29 +372,56 @@ def _vllm_server_parser():
 
 @pytest.mark.parametrize("flags", [["--async-scheduling"], ["--no-async-scheduling"], ["--async_scheduling"],
                                    ["-dp", "2"], ["--data-parallel-size=3"], ["-pp", "2"],
-                                   ["--pipeline_parallel_size=2"], ["--dtype", "float32"], []])
+                                   ["--pipeline_parallel_size=2"], ["--dtype", "float32"], [],
+                                   ["-dp", "2", "-dpe"], ["-dp", "2", "--no-data-parallel-external-lb"],
+                                   ["-dp", "2", "-dph"], ["-dp", "2", "-dpm"], ["-dp", "2", "-dpn", "0"],
+                                   ["-dp", "2", "-dpr", "1"], ["--headless"], ["--max-num-batched-tokens", "8k"],
+                                   ["--max-num-seqs", "64"]])
 def test_serve_reads_the_flags_as_vllm_does(flags):
-    """das-trl serve's reading of the refused flags agrees with the installed vLLM server's own parser."""
+    """das-trl serve's reading of the flags it checks agrees with the installed vLLM server's own parser."""
     from das_trl.vllm import engine_check
 
     vllm_args = _vllm_server_parser().parse_args(["--model", "m", *flags])
     problems = engine_check.check_server_args(flags, environ={}, release=(0, 32, 0))
     assert any("--async-scheduling" in p for p in problems) == bool(vllm_args.async_scheduling)
-    assert any("--data-parallel-size" in p for p in problems) == (vllm_args.data_parallel_size != 1)
+    assert not any("--data-parallel-size=" in p for p in problems)  # data parallelism itself is served
     assert any("--pipeline-parallel-size" in p for p in problems) == (vllm_args.pipeline_parallel_size > 1)
+    lb = (vllm_args.data_parallel_external_lb or vllm_args.data_parallel_hybrid_lb or vllm_args.headless
+          or vllm_args.data_parallel_multi_port_external_lb or vllm_args.data_parallel_rank is not None
+          or vllm_args.data_parallel_start_rank is not None)
+    assert any("load-balancing mode" in p for p in problems) == bool(lb), problems
+    assert engine_check.server_flag(flags, "max_num_seqs") == vllm_args.max_num_seqs
+    assert (engine_check.server_flag(flags, "max_num_batched_tokens") is None) == (vllm_args.max_num_batched_tokens
+                                                                                  is None)
 
 
-def test_serve_pipeline_parallelism_refused_on_vllm_0_32_only(monkeypatch, no_server_start, caplog):
+@pytest.mark.parametrize("release", [(0, 32, 0), (0, 33, 0), (0, 33, 1), ()])
+def test_serve_refuses_pipeline_parallelism_on_releases_not_verified(release, monkeypatch, no_server_start, caplog):
     """vLLM 0.32 fails at engine start with speculation and PP > 1 (vLLM #30436, seen here with PP = 2 on the CPU
-    build): refused there; other releases get a warning (the no-drafter stages are handled, not run)."""
+    build) and 0.33.0's gpu_model_runner.py still builds the drafter on the last stage only: refused on every release
+    not verified, with the fix in the message."""
     from das_trl.vllm import engine_check
 
-    assert engine_check.check_server_args(["-pp", "2"], environ={}, release=(0, 33, 0)) == []
-    assert "#30436" in engine_check.server_arg_warnings(["-pp", "2"], release=(0, 33, 0))[0]
-    assert engine_check.server_arg_warnings(["-pp", "2"], release=(0, 32, 0)) == []
-    monkeypatch.setattr(serve, "vllm_release", lambda: (0, 32, 0))
+    (problem,) = engine_check.check_server_args(["-pp", "2"], environ={}, release=release)
+    assert "#30436" in problem and "--tensor-parallel-size" in problem
+    monkeypatch.setattr(serve, "vllm_release", lambda: release)
     assert serve.main(["--model", "/models/m", "--pipeline-parallel-size", "2"]) == 2
-    assert "--pipeline-parallel-size=2" in caplog.text and "--tensor-parallel-size" in caplog.text
+    assert "--pipeline-parallel-size=2" in caplog.text
+    monkeypatch.setattr(engine_check, "PIPELINE_VERIFIED_RELEASES", ((0, 34),))
+    assert engine_check.check_server_args(["-pp", "2"], environ={}, release=(0, 34, 0)) == []
+
+
+def test_serve_passes_batched_tokens_that_fit_drafts_on_gpus_only():
+    args = serve.build_parser().parse_args(["--model", "/models/m", "--num-speculative-tokens", "16"])
+    cpu = serve.build_command(args, [], cpu=True, release=(0, 32, 0))
+    assert "--max-num-batched-tokens" not in cpu  # CPU servers keep vLLM's default (unchanged CPU figures)
+    gpu = serve.build_command(args, ["--max-num-seqs", "1024"], cpu=False, release=(0, 33, 0))
+    assert gpu[gpu.index("--max-num-batched-tokens") + 1] == "16384"
+    gpu = serve.build_command(args, [], cpu=False, release=(0, 33, 0))
+    assert gpu[gpu.index("--max-num-batched-tokens") + 1] == "8192"
+    own = serve.build_command(args, ["--max-num-batched-tokens", "4k"], cpu=False, release=(0, 33, 0))
+    assert own.count("--max-num-batched-tokens") == 1 and own[-1] == "4k"
+    assert "48 tokens" in serve.headroom_note(64, 16) and "--max-model-len" in serve.headroom_note(64, 16)
 
 
 def test_serve_enables_scale_out_endpoints():
@@ -317,14 +498,165 @@ def test_tensor_parallel_drafts_on_rank_0_only(monkeypatch):
     assert worker_extension.drafting_rank(launcher.vllm_config) is True
 
 
-def test_data_parallel_server_is_refused_at_attach(monkeypatch):
+def test_data_parallel_server_answering_for_engine_0_only_is_refused_at_attach(monkeypatch):
     engine = FakeEngine([_worker(True, data_parallel_size=2)])
-    with pytest.raises(DASEngineError, match="data_parallel_size=2") as info:
+    with pytest.raises(DASEngineError, match="data_parallel_size=2, but only 1 of its 2 engines answered") as info:
         engine.attach()
-    assert "--data-parallel-size 1" in str(info.value)
+    assert "das-trl serve --data-parallel-size 2" in str(info.value) and "das_trl_rpc" in str(info.value)
     monkeypatch.setenv("RANK", "0")  # vLLM reads it for external_launcher data parallelism
     colocated = FakeEngine([_worker(True, data_parallel_size=2, distributed_executor_backend="external_launcher")])
     assert colocated.attach()["attached"] is True
+
+
+# ------------------------------------------------------------------------------------- data-parallel server routing
+class _Engines:
+    """vLLM's own ``AsyncLLM`` and ``DPLBAsyncMPClient`` (the data-parallel client of ``vllm serve -dp N``) over
+    stubbed engine cores: each engine's utility call ``collective_rpc`` runs the method on that engine's FakeWorkers,
+    as ``EngineCore.collective_rpc`` does. Everything above the engines' sockets is vLLM's code."""
+
+    def __init__(self, num_engines: int, reject_on: int | None = None):
+        from vllm.v1.engine.async_llm import AsyncLLM
+        from vllm.v1.engine.core_client import DPLBAsyncMPClient
+
+        self.workers = {bytes([i, 0]): [_worker(True, data_parallel_size=num_engines)] for i in range(num_engines)}
+        self.calls: list[tuple[int, str]] = []
+        self.reject_on = reject_on  # this engine's workers reject history pushes
+        core = object.__new__(DPLBAsyncMPClient)
+        core.core_engines = list(self.workers)
+        core.core_engine = core.core_engines[0]
+
+        async def utility(method, *args, engine):  # replaces the ZMQ round trip to one engine core
+            assert method == "collective_rpc"
+            name, _timeout, call_args, call_kwargs = args
+            self.calls.append((engine[0], name))
+            replies = []
+            for worker in self.workers[engine]:
+                if name == "das_add_history" and engine[0] == self.reject_on:
+                    replies.append({"ok": False, "error": "rejected history payload: over the limit"})
+                else:
+                    replies.append(getattr(worker, name)(*call_args, **(call_kwargs or {})))
+            return replies
+
+        core._call_utility_async = utility
+
+        class Client:  # vLLM's AsyncLLM.collective_rpc (what /collective_rpc awaits), without its processes
+            collective_rpc = AsyncLLM.collective_rpc
+
+        self.client = Client()
+        self.client.engine_core = core
+
+    def http_engine(self, plugin: bool = True):
+        """An ``HTTPDASEngine`` talking to a FastAPI app with vLLM's dev-mode ``/collective_rpc`` route and (when
+        ``plugin``) das-trl's endpoint plugin, as ``das-trl serve`` builds it."""
+        from fastapi import FastAPI
+        from fastapi.testclient import TestClient
+        from vllm.entrypoints.serve.dev.rpc.api_router import attach_router
+
+        from das_trl.vllm.client import HTTPDASEngine
+        from das_trl.vllm.endpoints import DASEndpointPlugin
+
+        app = FastAPI()
+        attach_router(app)
+        if plugin:
+            DASEndpointPlugin().attach_router(app)
+        app.state.engine_client = self.client
+        engine = HTTPDASEngine("http://testserver")
+        engine._session = TestClient(app)
+        return engine
+
+
+def test_vllms_data_parallel_client_returns_engine_0_only_and_the_plugin_returns_all(monkeypatch):
+    import asyncio
+
+    from das_trl.vllm.endpoints import all_engine_rpc
+
+    engines = _Engines(3)
+    # vLLM's own path (what /collective_rpc awaits): every engine runs the call, one engine's replies come back.
+    replies = asyncio.run(engines.client.collective_rpc("das_stats"))
+    assert len(replies) == 1 and sorted(e for e, _ in engines.calls) == [0, 1, 2]
+    engines.calls.clear()
+    per_engine = asyncio.run(all_engine_rpc(engines.client, "das_stats"))
+    assert [len(r) for r in per_engine] == [1, 1, 1] and sorted(e for e, _ in engines.calls) == [0, 1, 2]
+
+
+def test_data_parallel_server_push_digest_reset_and_restore_reach_every_engine(monkeypatch):
+    monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")
+    engines = _Engines(2)
+    engine = engines.http_engine()
+    assert engine.attach({"window": 4})["attached"] is True
+    assert engine.layout["data_parallel_size"] == 2
+    engine.add_history([[1, 2, 3]] * 2, [[4, 5, 6], [4, 5, 7]])
+    digests = engine.labelled_history_digests()
+    assert list(digests) == ["engine 0 worker 0", "engine 1 worker 0"] and len(set(digests.values())) == 1
+    assert [w.proposer.stats()["history_sequences"] for ws in engines.workers.values() for w in ws] == [2, 2]
+    state = next(iter(engines.workers.values()))[0].proposer.drafter.state_dict()["history"]
+    engine.reset("history")
+    assert [w.proposer.stats()["history_sequences"] for ws in engines.workers.values() for w in ws] == [0, 0]
+    engine.load_history(state)  # a checkpoint restore
+    assert engine.history_digests() == list(digests.values())
+    assert {e for e, name in engines.calls if name == "das_load_history"} == {0, 1}
+    # Without das-trl's route (a server started without the endpoint plugin) only engine 0 answers: refused.
+    monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")
+    with pytest.raises(DASEngineError, match="only 1 of its 2 engines answered"):
+        _Engines(2).http_engine(plugin=False).attach()
+
+
+def test_route_serves_das_methods_only_and_only_in_dev_mode(monkeypatch):
+    engines = _Engines(2)
+    monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")
+    session = engines.http_engine()._session
+    assert session.post("/das/collective_rpc", json={"method": "reload_weights"}).status_code == 400
+    assert session.post("/das/collective_rpc", json={"method": "das_stats", "args": [1]}).status_code == 400
+    assert len(session.post("/das/collective_rpc", json={"method": "das_stats"}).json()["engines"]) == 2
+    monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "0")
+    assert engines.http_engine()._session.post("/das/collective_rpc", json={"method": "das_stats"}).status_code == 404
+
+
+def test_a_push_that_reaches_some_engines_is_reported_and_repaired_at_once(monkeypatch, tmp_path, caplog):
+    from collections import defaultdict
+
+    from das_trl.trainer.callback import DASHistoryMirror
+    from das_trl.trainer.trainer import DASGRPOTrainer
+    from das_trl.vllm.client import PartialEngineError
+
+    monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")
+    engines = _Engines(2)
+    engine = engines.http_engine()
+    engine.attach()
+    trainer = DASGRPOTrainer.__new__(DASGRPOTrainer)
+    trainer.das = {"record_rollouts": None, "window": 4, "history_token_budget": 10_000}
+    trainer._das_pending, trainer._das_last_counters, trainer._das_native_core = [], {}, None
+    trainer._das_rollout_seconds = trainer._das_weight_sync_seconds = 0.0
+    trainer._das_mirror, trainer._das_stale = DASHistoryMirror(4, 10_000), True
+    trainer._metrics = {"train": defaultdict(list)}
+    trainer.vllm_generation = SimpleNamespace(engine=engine)
+    trainer.accelerator = SimpleNamespace(is_main_process=True)
+    trainer._das_pending.append(([[1, 2, 3]] * 2, [[4, 5, 6], [4, 5, 7]], None))
+    trainer.das_push_history()  # step 1: loads the (stale) mirror into both engines
+    engines.reject_on = 1
+    with pytest.raises(PartialEngineError, match="failed on 1 of 2 drafting workers .*engine 1: rejected"):
+        engine.add_history([[9, 9]], [[8, 8]])
+    engine.load_history(trainer._das_mirror.state())  # undo the probe's partial push
+    trainer._das_pending.append(([[7, 7, 7]] * 2, [[1, 2], [1, 3]], None))
+    with caplog.at_level(logging.WARNING, logger="das_trl"):
+        trainer.das_push_history()
+    assert "reached only some engines" in caplog.text and "engine 1 worker 0" in caplog.text
+    assert trainer._metrics["train"]["das/history_repairs"] == [0.0, 1.0]
+    assert engine.history_digests() == [trainer._das_mirror.digest()] * 2
+
+
+def test_serve_loads_the_endpoint_plugin_without_changing_the_others():
+    from importlib.metadata import entry_points
+
+    from das_trl.vllm.endpoints import PLUGIN_NAME, plugin_allowlist
+
+    names = plugin_allowlist({}).split(",")
+    assert PLUGIN_NAME in names and "das_trl" in names  # ours, and the CPU sampling fix's general plugin
+    general = {ep.name for ep in entry_points(group="vllm.general_plugins")}
+    assert general <= set(names)
+    assert {ep.name for ep in entry_points(group="vllm.endpoint_plugins")} >= {PLUGIN_NAME}  # installed entry point
+    assert plugin_allowlist({"VLLM_PLUGINS": "lora_filesystem_resolver"}) == f"lora_filesystem_resolver,{PLUGIN_NAME}"
+    assert plugin_allowlist({"VLLM_PLUGINS": f"das_trl,{PLUGIN_NAME}"}) == f"das_trl,{PLUGIN_NAME}"
 
 
 # ---------------------------------------------------------------------------------------------------- install checks

@@ -14,6 +14,7 @@ from typing import Any
 from trl import GRPOConfig
 
 from das_trl.budget import LENGTH_POLICY_REMOVED, ControllerConfig
+from das_trl.vllm.engine import check_num_speculative_tokens
 from das_trl.vllm.engine_check import check_engine_settings
 
 _WEIGHT_SYNC_MODES = ("auto", "nccl", "inplace", "reload")
@@ -34,8 +35,10 @@ class DASGRPOConfig(GRPOConfig):
     )
     das_num_speculative_tokens: int = field(
         default=16,
-        metadata={"help": "K: most draft tokens per request per verification round (vLLM num_speculative_tokens). "
-                          "The paper's long-tier budget is about 16."},
+        metadata={"help": "K: most draft tokens per request per verification round (vLLM num_speculative_tokens), "
+                          "1 to 64 (the native drafter core's cap; vLLM's own is 128). The paper's long-tier budget "
+                          "is about 16. The colocated engine gets K tokens of model length past "
+                          "vllm_max_model_length and a max_num_batched_tokens that fits K (docs/gpu.md)."},
     )
     das_window: int = field(
         default=16,
@@ -106,8 +109,14 @@ class DASGRPOConfig(GRPOConfig):
     )
     das_vllm_kwargs: dict | str | None = field(
         default=None,
-        metadata={"help": "Extra keyword arguments for the colocated vllm.LLM (a dict, or JSON on the command "
-                          "line), e.g. {\"kv_cache_memory_bytes\": 1073741824, \"enforce_eager\": true}. On CPU "
+        metadata={"help": "Keyword arguments for the colocated vllm.LLM (a dict, or JSON on the command line), "
+                          "e.g. {\"kv_cache_memory_bytes\": 1073741824, \"enforce_eager\": true}. They override "
+                          "the arguments TRL and das-trl pass (max_num_batched_tokens, max_model_len, max_num_seqs, "
+                          "gpu_memory_utilization, seed, ...), except model, tensor_parallel_size and "
+                          "distributed_executor_backend, which colocate mode owns. das-trl's defaults: max_model_len "
+                          "= vllm_max_model_length + das_num_speculative_tokens (vLLM skips the drafter for the whole "
+                          "batch when any request is within K tokens of it) and max_num_batched_tokens = max_num_seqs "
+                          "x (K + 1) within 8192..16384 on GPUs (TRL's 4096 on CPU builds; docs/gpu.md). On CPU "
                           "builds an explicit kv_cache_memory_bytes is the reliable way to size the KV cache. When "
                           "unset, the DAS_TRL_VLLM_KWARGS environment variable (JSON) is used if present."},
     )
@@ -149,8 +158,8 @@ def validate_das_settings(settings: dict[str, Any]) -> None:
     """Raise ``ValueError`` with a clear message for out-of-range ``das_*`` settings (parses ``vllm_kwargs`` JSON in
     place), including engine arguments that cannot run the drafter (``das_vllm_kwargs["async_scheduling"]`` true
     while DAS is enabled)."""
-    if settings["num_speculative_tokens"] < 1:
-        raise ValueError(f"das_num_speculative_tokens must be >= 1, got {settings['num_speculative_tokens']}")
+    # K: vLLM verifies at most 128 draft tokens per request, the native core drafts at most 64.
+    check_num_speculative_tokens(settings["num_speculative_tokens"], "das_num_speculative_tokens")
     if settings["window"] < 1:
         raise ValueError(f"das_window must be >= 1, got {settings['window']}")
     if settings["history_token_budget"] < 1:

@@ -28,7 +28,7 @@ from das_trl.trainer.config import drafter_config_fields
 from das_trl.trainer.quantization import engine_quantization
 from das_trl.vllm.client import DASEngine, DASEngineError, HTTPDASEngine, LocalDASEngine
 from das_trl.vllm.dtype import colocate_engine_dtype, dtype_mismatch_message, trainer_compute_dtype
-from das_trl.vllm.engine import das_engine_kwargs, is_cpu_build
+from das_trl.vllm.engine import das_engine_kwargs, default_max_num_batched_tokens, is_cpu_build, model_len_with_headroom
 from das_trl.vllm.engine_check import check_engine_settings
 
 logger = logging.getLogger(__name__)
@@ -41,6 +41,14 @@ LORA_IN_ENGINE_MESSAGE = (
     "tested with das-trl on vLLM 0.32 (vLLM's LoRA layers were long restricted with speculative decoding). Remove "
     "enable_lora (and any max_lora_rank / max_loras) from das_vllm_kwargs."
 )
+
+#: Colocated-engine arguments that TRL's colocate mode sets and ``das_vllm_kwargs`` may not replace (key -> what to do
+#: instead).
+TRL_OWNED_ENGINE_KWARGS = {
+    "model": "the engine serves the trainer's model (the model argument of DASGRPOTrainer)",
+    "tensor_parallel_size": "colocate mode supports vllm_tensor_parallel_size=1",
+    "distributed_executor_backend": "colocate mode runs vLLM inside each training process (external_launcher)",
+}
 
 
 class DASVLLMGeneration(VLLMGeneration):
@@ -111,34 +119,9 @@ class DASVLLMGeneration(VLLMGeneration):
         os.environ["LOCAL_RANK"] = str(self.accelerator.local_process_index)
         os.environ["WORLD_SIZE"] = str(self.accelerator.num_processes)
         ensure_master_addr_port()
-        extra = das_engine_kwargs(self.das["num_speculative_tokens"]) if self.das["enabled"] else {}
-        extra.update(self.das["vllm_kwargs"] or {})
-        if extra.get("enable_lora"):
-            raise ValueError(LORA_IN_ENGINE_MESSAGE)
-        if self.das["enabled"]:
-            check_engine_settings(extra)
-        # TRL's quantization for the engine (QLoRA: "bitsandbytes"; an 8-bit model is refused); an explicit
-        # das_vllm_kwargs["quantization"] wins.
-        detected = engine_quantization(self.model)
-        extra.setdefault("quantization", detected)
-        extra["dtype"], why = colocate_engine_dtype(extra, self.model, self.accelerator.mixed_precision)
-        logger.info("vLLM engine dtype %s: %s", extra["dtype"], why)
-        # TRL's colocate arguments (trl 1.16), plus the DAS engine arguments.
-        self.llm = LLM(
-            model=self.model.name_or_path,
-            tensor_parallel_size=1,
-            gpu_memory_utilization=self.gpu_memory_utilization,
-            max_model_len=self.max_model_length,
-            max_num_seqs=self.max_num_seqs,
-            enable_sleep_mode=self.enable_sleep_mode,
-            model_impl=self.model_impl,
-            distributed_executor_backend="external_launcher",
-            seed=self.accelerator.process_index,
-            max_num_batched_tokens=4096,
-            logprobs_mode="processed_logprobs",
-            trust_remote_code=self.trust_remote_code,
-            **{"disable_log_stats": False, **extra},
-        )
+        kwargs = self._colocate_llm_kwargs()
+        logger.info("vLLM engine dtype %s: %s", kwargs["dtype"], self._dtype_reason)
+        self.llm = LLM(**kwargs)
         if self.das["enabled"]:
             engine = LocalDASEngine(self.llm)
             self._check_engine(engine)
@@ -146,6 +129,60 @@ class DASVLLMGeneration(VLLMGeneration):
         if self.enable_sleep_mode:
             self.llm.sleep(level=2)
         self._llm_weights_sleeping = self.enable_sleep_mode
+
+    def _colocate_llm_kwargs(self) -> dict[str, Any]:
+        """The colocated ``vllm.LLM``'s keyword arguments: TRL's colocate arguments (trl 1.16) and the DAS engine's
+        sizes as defaults, then ``das_vllm_kwargs``, which override any of them.
+
+        The DAS defaults (also with ``das_enabled=False``, so an A/B run compares the same engine with and without
+        drafts): ``max_model_len`` = ``vllm_max_model_length`` + K (:func:`~das_trl.vllm.engine.model_len_with_headroom`;
+        unset: the model's own length) and ``max_num_batched_tokens`` from
+        :func:`~das_trl.vllm.engine.default_max_num_batched_tokens` (TRL's 4096 on CPU builds for the batches a CPU
+        runs; on GPUs at least 8192).
+
+        Raises:
+            ValueError: ``das_vllm_kwargs`` sets a key TRL's colocate mode owns (``model``, ``tensor_parallel_size``,
+                ``distributed_executor_backend``), sets ``enable_lora``, or asks for settings that cannot run the
+                drafter (:func:`~das_trl.vllm.engine_check.check_engine_settings`).
+        """
+        user = dict(self.das["vllm_kwargs"] or {})
+        for key, use in TRL_OWNED_ENGINE_KWARGS.items():
+            if key in user:
+                raise ValueError(f"das_vllm_kwargs sets {key}={user[key]!r}, which TRL's colocate mode sets itself. "
+                                 f"Remove it from das_vllm_kwargs; {use}.")
+        if user.get("enable_lora"):
+            raise ValueError(LORA_IN_ENGINE_MESSAGE)
+        k = self.das["num_speculative_tokens"]
+        kwargs: dict[str, Any] = {
+            # TRL's colocate arguments (trl 1.16 VLLMGeneration._init_vllm), TRL's values as defaults.
+            "model": self.model.name_or_path,
+            "tensor_parallel_size": 1,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "max_model_len": self.max_model_length,
+            "max_num_seqs": self.max_num_seqs,
+            "enable_sleep_mode": self.enable_sleep_mode,
+            "model_impl": self.model_impl,
+            "distributed_executor_backend": "external_launcher",
+            "seed": self.accelerator.process_index,
+            "logprobs_mode": "processed_logprobs",
+            "trust_remote_code": self.trust_remote_code,
+            "disable_log_stats": False,  # vLLM's spec-decode counters
+            # The DAS engine's sizes (das_trl.vllm.engine): draft tokens count against the batched-token budget, and
+            # vLLM skips the drafter for a whole step when any row is within K tokens of max_model_len.
+            "max_num_batched_tokens": default_max_num_batched_tokens(k, self.max_num_seqs, is_cpu_build()),
+        }
+        if self.max_model_length is not None:
+            kwargs["max_model_len"] = model_len_with_headroom(self.max_model_length, k)
+        if self.das["enabled"]:
+            kwargs.update(das_engine_kwargs(k))
+        kwargs.update(user)
+        if self.das["enabled"]:
+            check_engine_settings(kwargs)
+        # TRL's quantization for the engine (QLoRA: "bitsandbytes"; an 8-bit model is refused); an explicit
+        # das_vllm_kwargs["quantization"] wins.
+        kwargs.setdefault("quantization", engine_quantization(self.model))
+        kwargs["dtype"], self._dtype_reason = colocate_engine_dtype(user, self.model, self.accelerator.mixed_precision)
+        return kwargs
 
     def _check_engine(self, engine: DASEngine) -> None:
         """Attach the drafter with this run's settings; any failure becomes a clear :class:`DASEngineError`."""
@@ -155,10 +192,52 @@ class DASVLLMGeneration(VLLMGeneration):
             raise DASEngineError(f"DASGRPOTrainer cannot use the vLLM engine: {exc}") from None
         logger.info("DAS drafter attached (K=%s, history tokens=%s, engine dtype %s)",
                     stats.get("num_speculative_tokens"), stats.get("history_tokens"), stats.get("engine_dtype"))
+        self._check_headroom_at_start(engine.limits)
         mismatch = dtype_mismatch_message(stats.get("engine_dtype"),
                                           trainer_compute_dtype(self.model, self.accelerator.mixed_precision))
         if mismatch:
             logger.warning("%s", mismatch)
+
+    def _check_headroom_at_start(self, limits: dict[str, Any]) -> None:
+        """Log how long a prompt can be while the drafter keeps running to the end of a full-length completion; warn
+        (with the setting to change) when not even a short prompt can (see :meth:`headroom_advice`)."""
+        max_model_len, completion = limits.get("max_model_len"), getattr(self, "max_completion_length", None)
+        if not max_model_len or not completion:
+            return
+        k = int(limits.get("num_speculative_tokens") or self.das["num_speculative_tokens"])
+        room = int(max_model_len) - int(completion) - k
+        if room < 1:
+            logger.warning("%s", self.headroom_advice(None, None, 1))
+        else:
+            logger.info("engine max_model_len %s: prompts of up to %s tokens keep DAS drafting to the end of a "
+                        "%s-token completion (K=%s tokens of headroom)", max_model_len, room, completion, k)
+
+    def headroom_advice(self, short: int | None, rows: int | None, longest_prompt: int) -> str:
+        """The warning for rollouts that came within K tokens of the engine's ``max_model_len``, with the setting
+        that gives them room (colocate: ``vllm_max_model_length`` or ``das_vllm_kwargs["max_model_len"]``; server:
+        ``das-trl serve --max-model-len``).
+
+        Args:
+            short, rows: how many of how many rollouts lacked room (``None``: checked at start, before any rollout).
+            longest_prompt: the longest prompt seen, in tokens (1 at start).
+        """
+        limits = getattr(self.engine, "limits", None) or {}
+        k = int(limits.get("num_speculative_tokens") or self.das["num_speculative_tokens"])
+        completion = int(getattr(self, "max_completion_length", 0) or 0)
+        need = model_len_with_headroom(longest_prompt + completion, k)
+        what = (f"{short} of {rows} rollouts this step reached within K={k} tokens of" if short is not None else
+                f"max_completion_length={completion} leaves no room for a prompt and K={k} draft tokens in")
+        if self.mode == "server":
+            fix = f"restart `das-trl serve` with --max-model-len {need} or more"
+        elif (self.das["vllm_kwargs"] or {}).get("max_model_len") is not None:
+            fix = f"set das_vllm_kwargs['max_model_len'] to {need} or more"
+        else:
+            fix = (f"set vllm_max_model_length to {longest_prompt + completion} or more (the longest prompt + "
+                   f"max_completion_length; das-trl adds K for the engine)")
+        return (f"{what} the engine's max_model_len={limits.get('max_model_len')}: while any running request is that "
+                f"close, vLLM does not call the drafter and schedules {k} placeholder draft tokens for every request "
+                f"of the step, verified and rejected (wasted verification in the long-rollout tail). Next step: {fix}. "
+                f"See docs/gpu.md, 'Engine settings for DAS'.")
 
     # ----------------------------------------------------------------------------------------------------------------
     def sync_weights(self) -> None:

@@ -38,7 +38,7 @@ from das_trl.trainer.callback import DASHistoryCallback, DASHistoryMirror
 from das_trl.trainer.config import das_settings, validate_das_settings
 from das_trl.trainer.generation import DASVLLMGeneration
 from das_trl.trainer.problem_ids import problem_ids_of
-from das_trl.vllm.client import DASEngineError
+from das_trl.vllm.client import DASEngineError, PartialEngineError
 from das_trl.vllm.sampling_check import check_sampling_params, format_issues, trl_sampling_params
 
 logger = logging.getLogger(__name__)
@@ -69,6 +69,10 @@ class DASGRPOTrainer(GRPOTrainer):
         # whole mirror instead of the step's rollouts.
         self._das_stale = True
         self._das_last_counters: dict[str, float] = {}
+        # Rollouts this step that came within K tokens of the engine's max_model_len (vLLM then skips the drafter for
+        # the whole batch: das/headroom_short_rows); warned about once per run.
+        self._das_headroom_short_rows = 0
+        self._das_headroom_warned = False
         self._das_rollout_seconds = 0.0
         self._das_weight_sync_seconds = 0.0
         # Whether the engine drafts with the native core (das/native_core): known here for the in-process engine
@@ -169,7 +173,31 @@ class DASGRPOTrainer(GRPOTrainer):
                                len(prompt_ids))
                 keys = None
             self._das_pending.append(([list(p) for p in prompt_ids], [list(c) for c in completion_ids], keys))
+            self._das_check_headroom(prompt_ids, completion_ids)
         return result
+
+    def _das_check_headroom(self, prompt_ids: list, completion_ids: list) -> None:
+        """Count this batch's rollouts whose prompt + completion + K exceeds the engine's ``max_model_len``, and warn
+        once (with the setting to change) when there are any.
+
+        While any running row is within K tokens of ``max_model_len``, vLLM 0.32/0.33 do not call the drafter for that
+        step and schedule K zero-token placeholder drafts for *every* row, which the next step verifies and rejects
+        (``GPUModelRunner._input_fits_in_drafter`` and ``sample_tokens``): wasted verification exactly in the
+        long-rollout tail.
+        """
+        engine = self.vllm_generation.engine
+        limits = getattr(engine, "limits", None) or {}
+        max_model_len = limits.get("max_model_len")
+        if not max_model_len or not prompt_ids:
+            return
+        k = int(limits.get("num_speculative_tokens") or self.das["num_speculative_tokens"])
+        lengths = [(len(p), len(c)) for p, c in zip(prompt_ids, completion_ids)]
+        short = sum(1 for p, c in lengths if p + c + k > max_model_len)
+        self._das_headroom_short_rows = getattr(self, "_das_headroom_short_rows", 0) + short
+        if short and not getattr(self, "_das_headroom_warned", False):
+            self._das_headroom_warned = True
+            longest_prompt = max(p for p, _ in lengths)
+            logger.warning("%s", self.vllm_generation.headroom_advice(short, len(lengths), longest_prompt))
 
     def _das_engine_lost_message(self, exc: BaseException) -> str:
         step = self.state.global_step + 1
@@ -205,6 +233,9 @@ class DASGRPOTrainer(GRPOTrainer):
                                      "das/weight_sync_seconds": self._das_weight_sync_seconds}
         if self._das_native_core is not None:
             metrics["das/native_core"] = float(self._das_native_core)
+        if getattr(self.vllm_generation.engine, "limits", None):
+            metrics["das/headroom_short_rows"] = float(getattr(self, "_das_headroom_short_rows", 0))
+        self._das_headroom_short_rows = 0
         self._das_rollout_seconds = self._das_weight_sync_seconds = 0.0
         if prompts and self._das_mirror is not None:
             self._das_mirror.record(prompts, completions, problem_keys)
@@ -217,7 +248,13 @@ class DASGRPOTrainer(GRPOTrainer):
                     reply = engine.load_history(self._das_mirror.state())
                     metrics["das/history_reloads"] = 1.0
                 elif prompts:
-                    reply = engine.add_history(prompts, completions, problem_keys)
+                    try:
+                        reply = engine.add_history(prompts, completions, problem_keys)
+                    except PartialEngineError as exc:
+                        # Some data-parallel engines took the push and others did not: their digests now differ
+                        # from the mirror's, and the check below reloads the mirror into every engine at once.
+                        logger.warning("DAS history push reached only some engines (repairing now): %s", exc)
+                        reply = {"stats": stats_before}
                 else:
                     reply = {"stats": stats_before}
                 self._das_stale = False
@@ -259,14 +296,15 @@ class DASGRPOTrainer(GRPOTrainer):
             DASEngineError: the engine cannot be asked, or still differs after the reload.
         """
         expected = self._das_mirror.digest()
-        digests = engine.history_digests()
-        if all(d == expected for d in digests):
+        digests = engine.labelled_history_digests()
+        if all(d == expected for d in digests.values()):
             return False
-        logger.warning("DAS history of %s diverged from the trainer's (worker digests %s, expected %s): reloading "
-                       "the trainer's history into it", engine.name, digests, expected)
+        diverged = {label: d for label, d in digests.items() if d != expected}
+        logger.warning("DAS history of %s diverged from the trainer's (%s; expected %s): reloading the trainer's "
+                       "history into every engine", engine.name, diverged, expected)
         engine.load_history(self._das_mirror.state())
-        digests = engine.history_digests()
-        if any(d != expected for d in digests):
+        digests = engine.labelled_history_digests()
+        if any(d != expected for d in digests.values()):
             raise DASEngineError(f"{engine.name}: history still differs from the trainer's after a reload "
                                  f"(worker digests {digests}, expected {expected})")
         return True

@@ -3,9 +3,15 @@ in-process (a ``vllm.LLM``), both through vLLM's ``collective_rpc`` and the work
 
 Each engine may have several workers (tensor/pipeline parallel): an RPC returns one result per worker, and a call only
 succeeds if every worker that drafts says ``ok``. Workers that do not draft (pipeline stages before the last,
-tensor-parallel ranks other than 0) answer ``no_drafter`` and are skipped; at least one worker must draft. A
-data-parallel server (``data_parallel_size > 1``) is refused at :meth:`DASEngine.attach`: it returns only engine 0's
-replies, so the other engines' histories could not be checked.
+tensor-parallel ranks other than 0) answer ``no_drafter`` and are skipped; at least one worker must draft.
+
+A data-parallel server (``--data-parallel-size N``) runs N engines behind one API server. ``das-trl serve`` loads
+das-trl's endpoint plugin (:mod:`das_trl.vllm.endpoints`), whose ``POST /das/collective_rpc`` returns every engine's
+replies; :class:`HTTPDASEngine` uses it when the server has it (each reply tagged with its ``"engine"`` rank), so a
+push, digest, reset or reload is checked on every engine. A call that succeeds on some engines and fails on others
+raises :class:`PartialEngineError` (the trainer then reloads its history into every engine at once). A data-parallel
+server without the route (vLLM's ``/collective_rpc`` returns engine 0's replies only) is refused at
+:meth:`DASEngine.attach`.
 """
 
 from __future__ import annotations
@@ -24,13 +30,35 @@ class DASEngineError(RuntimeError):
     """An engine is unreachable, is not a DAS engine, or rejected a DAS call; the message says what to do."""
 
 
+class PartialEngineError(DASEngineError):
+    """A DAS call succeeded on some drafting workers (data-parallel engines) and failed on others: their histories
+    now differ. The message names the failed engines; reload the history into every engine to repair them."""
+
+
+#: Why a data-parallel server without das-trl's all-engines route is refused (format: where, value, answered).
+DATA_PARALLEL_UNCHECKED_MESSAGE = (
+    "{where}={value}, but only {answered} of its {value} engines answered: this server returns engine 0's replies "
+    "only (vLLM's /collective_rpc on a data-parallel server), so das-trl cannot check that every engine holds the "
+    "trainer's drafter history. Next step: start the server with `das-trl serve --data-parallel-size {value}` (it "
+    "loads das-trl's endpoint plugin, POST /das/collective_rpc, which returns every engine's replies), or start vLLM "
+    "with VLLM_SERVER_DEV_MODE=1 and VLLM_PLUGINS listing das_trl_rpc (and your other plugins). One API server must "
+    "reach all engines (vLLM's internal load balancing, the default); with external load balancing, give each "
+    "engine's server to its own trainer. See docs/gpu.md, 'Parallel engines'."
+)
+
+
 class DASEngine:
     """Common client logic; subclasses provide :meth:`rpc`."""
 
     name = "engine"
+    #: ``parallel`` and ``limits`` sections of the last :meth:`attach` reply (worker_extension.parallel_layout and
+    #: engine_limits): data-parallel size, model length, batched tokens, K. Empty before an attach.
+    layout: dict[str, Any] = {}
+    limits: dict[str, Any] = {}
 
     def rpc(self, method: str, *args: str, timeout: float | None = None) -> list[Any]:
-        """Run worker method ``method`` with string ``args`` on every worker; returns one result per worker."""
+        """Run worker method ``method`` with string ``args`` on every worker; returns one result per worker (every
+        engine's workers for a data-parallel server, each dict reply tagged with its ``"engine"`` rank)."""
         raise NotImplementedError
 
     def _das_call(self, method: str, *args: str, timeout: float | None = None) -> list[dict[str, Any]]:
@@ -39,47 +67,38 @@ class DASEngine:
         Replies marked ``no_drafter`` (ranks where vLLM runs no drafter) are left out.
 
         Raises:
-            DASEngineError: no reply, a reply that is not a dict, a drafting worker that failed, or no worker that
+            DASEngineError: no reply, a reply that is not a dict, drafting workers that all failed, or no worker that
                 drafts.
+            PartialEngineError: some drafting workers succeeded and others failed (data-parallel engines).
         """
         results = self.rpc(method, *args, timeout=timeout)
         if not results:
             raise DASEngineError(f"{self.name}: {method} returned no worker results")
-        drafting = []
-        for result in results:
-            if not isinstance(result, dict):
-                raise DASEngineError(f"{self.name}: {method} returned {result!r}, expected a dict: not a DAS engine?")
-            if result.get("no_drafter"):
-                continue
-            if not result.get("ok"):
-                raise DASEngineError(f"{self.name}: {method} failed: {result.get('error', result)}")
-            drafting.append(result)
-        if not drafting:
-            raise DASEngineError(
-                f"{self.name}: {method}: none of its {len(results)} workers runs a DAS drafter "
-                f"({results[0].get('error')}). At least one must: vLLM builds the drafter on the last pipeline stage; "
-                f"start the engine with the DAS speculative config (`das-trl serve`)."
-            )
-        return drafting
+        return _drafting_replies(self.name, method, results)
 
     def attach(self, drafter_config: dict[str, Any] | None = None) -> dict[str, Any]:
         """Attach the proposer in every drafting worker (vLLM 0.32 needs this once after start); returns the first
         drafting worker's stats.
 
+        Also keeps the reply's ``parallel`` and ``limits`` sections in :attr:`layout` and :attr:`limits`.
+
         Raises:
             DASEngineError: the engine does not run the DAS proposer, the config is invalid, or the engine is
-                data-parallel (``data_parallel_size > 1`` outside TRL's ``external_launcher`` colocate mode: only
-                engine 0's replies come back, so the history check cannot see the other engines).
+                data-parallel (``data_parallel_size > 1`` outside TRL's ``external_launcher`` colocate mode) and not
+                every engine answered (a server without das-trl's all-engines route returns engine 0's replies only,
+                so the history check could not see the other engines).
         """
         config_json = json.dumps(drafter_config) if drafter_config else ""
         replies = self._das_call("das_attach", config_json)
         layout = replies[0].get("parallel") or {}
         data_parallel = int(layout.get("data_parallel_size", 1))
         if data_parallel > 1 and layout.get("distributed_executor_backend") != "external_launcher":
-            from das_trl.vllm.engine_check import DATA_PARALLEL_MESSAGE
-
-            raise DASEngineError(f"{self.name}: " + DATA_PARALLEL_MESSAGE.format(
-                where="data_parallel_size", value=data_parallel))
+            answered = len({reply.get("engine", 0) for reply in replies})
+            if answered < data_parallel:
+                raise DASEngineError(f"{self.name}: " + DATA_PARALLEL_UNCHECKED_MESSAGE.format(
+                    where="data_parallel_size", value=data_parallel, answered=answered))
+        self.layout = dict(layout)
+        self.limits = dict(replies[0].get("limits") or {})
         return replies[0]["stats"]
 
     def detach(self) -> dict[str, Any]:
@@ -112,12 +131,22 @@ class DASEngine:
         return self._das_call("das_add_history", payload)[0]
 
     def history_digests(self) -> list[str]:
-        """Every drafting worker's history digest (:func:`das_trl.drafter.digest.state_digest`), worker order.
+        """Every drafting worker's history digest (:func:`das_trl.drafter.digest.state_digest`), worker order (engine
+        by engine on a data-parallel server).
 
         Raises:
             DASEngineError: unreachable, or not a DAS engine.
         """
-        return [str(r["digest"]) for r in self._das_call("das_history_digest")]
+        return list(self.labelled_history_digests().values())
+
+    def labelled_history_digests(self) -> dict[str, str]:
+        """:meth:`history_digests` keyed by worker: ``"worker <i>"``, or ``"engine <e> worker <i>"`` where the replies
+        name their data-parallel engine.
+
+        Raises:
+            DASEngineError: unreachable, or not a DAS engine.
+        """
+        return {label: str(r["digest"]) for label, r in _labels(self._das_call("das_history_digest"))}
 
     def load_history(self, state: dict[str, Any]) -> dict[str, Any]:
         """Replace every worker's history with ``state`` (:meth:`das_trl.drafter.RolloutHistory.to_state` output).
@@ -144,6 +173,47 @@ class DASEngine:
         if not stats.get("attached"):
             stats = self.attach()
         return stats
+
+
+def _labels(replies: Sequence[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """``(label, reply)`` per drafting reply: ``"worker <i>"`` counted per engine, prefixed by ``"engine <e> "`` when
+    the replies name their engine."""
+    out, seen = [], {}
+    for reply in replies:
+        engine = reply.get("engine")
+        index = seen.get(engine, 0)
+        seen[engine] = index + 1
+        out.append((f"worker {index}" if engine is None else f"engine {engine} worker {index}", reply))
+    return out
+
+
+def _drafting_replies(name: str, method: str, results: Sequence[Any]) -> list[dict[str, Any]]:
+    """The replies of the workers that draft, in order; see :meth:`DASEngine._das_call` for what raises."""
+    drafting, failed = [], []
+    for result in results:
+        if not isinstance(result, dict):
+            raise DASEngineError(f"{name}: {method} returned {result!r}, expected a dict: not a DAS engine?")
+        if result.get("no_drafter"):
+            continue
+        (drafting if result.get("ok") else failed).append(result)
+    if failed:
+        def where(reply: dict[str, Any]) -> str:
+            return f"engine {reply['engine']}: " if "engine" in reply else ""
+
+        text = "; ".join(f"{where(r)}{r.get('error', r)}" for r in failed)
+        if drafting:
+            done = sorted({str(r.get("engine", "?")) for r in drafting})
+            raise PartialEngineError(
+                f"{name}: {method} failed on {len(failed)} of {len(failed) + len(drafting)} drafting workers ({text}); "
+                f"it succeeded on engine(s) {', '.join(done)}, so the engines' histories now differ")
+        raise DASEngineError(f"{name}: {method} failed: {text}")
+    if not drafting:
+        raise DASEngineError(
+            f"{name}: {method}: none of its {len(results)} workers runs a DAS drafter "
+            f"({results[0].get('error')}). At least one must: vLLM builds the drafter on the last pipeline stage; "
+            f"start the engine with the DAS speculative config (`das-trl serve`)."
+        )
+    return drafting
 
 
 class LocalDASEngine(DASEngine):
@@ -178,6 +248,10 @@ class LocalDASEngine(DASEngine):
         self.llm.reset_prefix_cache()
 
 
+#: What :meth:`HTTPDASEngine._post` returns for a route the server does not have (``missing_ok``).
+_MISSING = object()
+
+
 class HTTPDASEngine(DASEngine):
     """A vLLM OpenAI server started with ``VLLM_SERVER_DEV_MODE=1`` and the DAS worker extension
     (``das-trl serve`` does both).
@@ -194,8 +268,18 @@ class HTTPDASEngine(DASEngine):
         self.name = f"vLLM server at {self.base_url}"
         self.timeout = timeout
         self._session = requests.Session()
+        # Whether the server has das-trl's all-engines route (POST /das/collective_rpc); None: not asked yet.
+        self._all_engines_route: bool | None = None
 
-    def _post(self, path: str, body: dict[str, Any] | None = None) -> Any:
+    def _post(self, path: str, body: dict[str, Any] | None = None, missing_ok: bool = False) -> Any:
+        """POST ``body`` as JSON to ``path``; returns the decoded reply (``None`` for an empty one).
+
+        Args:
+            missing_ok: return :data:`_MISSING` on 404 instead of raising (a route the server may not have).
+
+        Raises:
+            DASEngineError: unreachable, timed out, no such endpoint (not dev mode), or an error status.
+        """
         import requests
 
         try:
@@ -207,6 +291,8 @@ class HTTPDASEngine(DASEngine):
             ) from None
         except requests.exceptions.Timeout:
             raise DASEngineError(f"{self.name} did not answer {path} within {self.timeout} s") from None
+        if response.status_code == 404 and missing_ok:
+            return _MISSING
         if response.status_code == 404:
             raise DASEngineError(
                 f"{self.name} has no {path} endpoint: it was not started in dev mode. Start it with `das-trl serve` "
@@ -235,26 +321,59 @@ class HTTPDASEngine(DASEngine):
         except requests.exceptions.RequestException:
             return False
 
-    def rpc(self, method: str, *args: str, timeout: float | None = None) -> list[Any]:
+    def rpc(self, method: str, *args: str, timeout: float | None = None,
+            kwargs: dict[str, str] | None = None) -> list[Any]:
+        """Run worker method ``method`` on every worker of every engine of the server.
+
+        ``das_*`` methods go to das-trl's ``POST /das/collective_rpc`` (:mod:`das_trl.vllm.endpoints`: every
+        data-parallel engine's replies, each dict tagged ``"engine": rank``) when the server has it, else (a server
+        started without das-trl's endpoint plugin) to vLLM's ``POST /collective_rpc``, which on a data-parallel
+        server returns engine 0's replies only (:meth:`attach` then refuses the server).
+
+        Args:
+            args, kwargs: strings (the worker extension decodes its payloads itself).
+            timeout: seconds vLLM waits for the workers (``None``: vLLM's default).
+
+        Returns:
+            the worker replies, engine by engine.
+
+        Raises:
+            DASEngineError: unreachable, not dev mode, or an unexpected reply.
+        """
         body: dict[str, Any] = {"method": method, "args": list(args)}
+        if kwargs:
+            body["kwargs"] = dict(kwargs)
         if timeout is not None:
             body["timeout"] = timeout
+        if method.startswith("das_") and self._all_engines_route is not False:
+            from das_trl.vllm.endpoints import ROUTE
+
+            reply = self._post(ROUTE, body, missing_ok=True)
+            if reply is not _MISSING:
+                self._all_engines_route = True
+                engines = reply.get("engines") if isinstance(reply, dict) else None
+                if not isinstance(engines, list) or not all(isinstance(e, list) for e in engines):
+                    raise DASEngineError(f"{self.name}: unexpected {ROUTE} reply {reply!r}")
+                return [dict(r, engine=rank) if isinstance(r, dict) else r
+                        for rank, replies in enumerate(engines) for r in replies]
+            self._all_engines_route = False
         reply = self._post("/collective_rpc", body)
         if not isinstance(reply, dict) or "results" not in reply:
             raise DASEngineError(f"{self.name}: unexpected /collective_rpc reply {reply!r}")
         return reply["results"]
 
     def reload_weights_from_dir(self, weights_dir: str) -> None:
-        """Reload weights in place from a safetensors directory the server can read (same machine)."""
-        self._das_call_kwargs("das_reload_weights", {"weights_path": weights_dir})
-        self._post("/reset_prefix_cache")
+        """Reload weights in place, on every engine, from a safetensors directory the server can read (same
+        machine); then reset the prefix cache (vLLM sends that to every engine).
 
-    def _das_call_kwargs(self, method: str, kwargs: dict[str, str]) -> list[dict[str, Any]]:
-        reply = self._post("/collective_rpc", {"method": method, "args": [], "kwargs": kwargs})
-        results = reply.get("results") if isinstance(reply, dict) else None
-        if not results or not all(isinstance(r, dict) and r.get("ok") for r in results):
-            raise DASEngineError(f"{self.name}: {method} failed: {results or reply}")
-        return results
+        Raises:
+            DASEngineError: a worker failed to reload (the message names it), or the server is unreachable.
+        """
+        results = self.rpc("das_reload_weights", kwargs={"weights_path": weights_dir})
+        failed = [r for r in results if not (isinstance(r, dict) and r.get("ok"))]
+        if not results or failed:
+            raise DASEngineError(f"{self.name}: das_reload_weights failed: {failed or results}")
+        self._post("/reset_prefix_cache")
 
     def reload_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
         """Write ``named_tensors`` to a temporary safetensors file and have the server reload from it.
@@ -326,8 +445,8 @@ def check_history_consistency(engines: Sequence[DASEngine], expected: str | None
     result = HistoryConsistency(expected=expected)
     for engine in engines:
         try:
-            for i, digest in enumerate(engine.history_digests()):
-                result.digests[f"{engine.name} worker {i}"] = digest
+            for label, digest in engine.labelled_history_digests().items():
+                result.digests[f"{engine.name} {label}"] = digest
         except DASEngineError as exc:
             result.errors[engine.name] = str(exc)
     return result

@@ -1,4 +1,18 @@
-"""How to start a vLLM engine that runs the DAS drafter: the engine arguments, in-process and for ``vllm serve``."""
+"""How to start a vLLM engine that runs the DAS drafter: the engine arguments, in-process and for ``vllm serve``.
+
+The sizes a drafting engine needs beyond a plain one (``docs/gpu.md``, "Engine settings for DAS"):
+
+- K (``num_speculative_tokens``) at most :func:`max_num_speculative_tokens`: vLLM's rejection sampler verifies at
+  most ``MAX_SPEC_LEN`` = 128 draft tokens per request (``vllm/v1/sample/rejection_sampler.py``, 0.32 and 0.33: an
+  ``assert`` at the first verification), and the native drafter core drafts at most its ``MAX_SPEC_TOKENS`` = 64;
+- ``max_num_batched_tokens`` (:func:`default_max_num_batched_tokens`): vLLM's scheduler counts every scheduled draft
+  token against it (``Scheduler.schedule``), so a batch of ``max_num_seqs`` rows drafting K tokens each needs
+  ``max_num_seqs x (K + 1)``;
+- ``max_model_len`` K tokens past the longest prompt + completion (:func:`model_len_with_headroom`): once any row's
+  length + K exceeds the model length, vLLM skips the proposer for the whole batch and schedules K zero-token
+  placeholder drafts for every row (``GPUModelRunner._input_fits_in_drafter`` and ``sample_tokens``, "Zero out draft
+  tokens"; 0.32 and 0.33), which the next step verifies and rejects.
+"""
 
 from __future__ import annotations
 
@@ -10,19 +24,123 @@ from das_trl.vllm.worker_extension import PROPOSER_QUALNAME, WORKER_EXTENSION_QU
 # vLLM schedules at most this many draft tokens per request per round; the length-aware budget works below it.
 DEFAULT_NUM_SPECULATIVE_TOKENS = 16
 
+#: vLLM's rejection sampler verifies at most this many draft tokens per request per round
+#: (``vllm/v1/sample/rejection_sampler.py`` ``MAX_SPEC_LEN``, vLLM 0.32 and 0.33).
+VLLM_MAX_SPEC_LEN = 128
+
+#: vLLM's own guidance for ``max_num_batched_tokens`` with speculation: ``VllmConfig._set_max_num_scheduled_tokens``
+#: warns below this (vLLM 0.32 and 0.33).
+VLLM_GUIDANCE_BATCHED_TOKENS = 8192
+
+#: TRL's colocate value (``trl/generation/vllm_generation.py``, trl 1.14-1.16), kept as the CPU build's floor so the
+#: CPU engines schedule exactly as TRL's.
+TRL_COLOCATE_BATCHED_TOKENS = 4096
+
+#: Largest default ``max_num_batched_tokens``: vLLM's own offline default on H100/H200-class GPUs
+#: (``EngineArgs.get_batch_defaults``, ``UsageContext.LLM_CLASS``). vLLM's memory profiler reserves activations for a
+#: forward of this many tokens (TRL chose 4096 for that reason), so the default stays here; larger is a user's choice.
+MAX_DEFAULT_BATCHED_TOKENS = 16384
+
+
+def native_max_spec_tokens() -> int | None:
+    """The native drafter core's cap on draft length (``MAX_SPEC_TOKENS``, 64), or ``None`` when the core is not
+    built (the pure-Python reference drafter has no cap of its own)."""
+    from das_trl.drafter import native
+
+    try:
+        return int(native.load().MAX_SPEC_TOKENS)
+    except ImportError:
+        return None
+
+
+def max_num_speculative_tokens() -> int:
+    """The largest K an engine built here can run: vLLM's ``MAX_SPEC_LEN`` (128), and the native core's
+    ``MAX_SPEC_TOKENS`` (64) when it is built (an engine whose K exceeds it fails to start: its proposer cannot
+    build the drafter)."""
+    cap = native_max_spec_tokens()
+    return VLLM_MAX_SPEC_LEN if cap is None else min(cap, VLLM_MAX_SPEC_LEN)
+
+
+def check_num_speculative_tokens(num_speculative_tokens: Any, where: str = "num_speculative_tokens") -> int:
+    """Refuse a K that vLLM or the drafter cannot run, before an engine starts.
+
+    Args:
+        num_speculative_tokens: K, the most draft tokens per request per verification round.
+        where: the setting's name as the user wrote it (``"das_num_speculative_tokens"``,
+            ``"--num-speculative-tokens"``), for the message.
+
+    Returns:
+        K as an ``int``.
+
+    Raises:
+        ValueError: not an integer, below 1, or above :func:`max_num_speculative_tokens`; the message names both caps
+            (the native core's 64, vLLM's 128) and the next step.
+    """
+    if isinstance(num_speculative_tokens, bool) or not isinstance(num_speculative_tokens, int):
+        raise ValueError(f"{where} must be an integer, got {num_speculative_tokens!r}")
+    cap = max_num_speculative_tokens()
+    if not 1 <= num_speculative_tokens <= cap:
+        native_cap = native_max_spec_tokens()
+        native_words = (f"the native drafter core drafts at most {native_cap} tokens (MAX_SPEC_TOKENS)"
+                        if native_cap is not None else
+                        "the native drafter core (not built here) drafts at most 64 tokens (MAX_SPEC_TOKENS)")
+        raise ValueError(
+            f"{where}={num_speculative_tokens}: allowed 1..{cap}: {native_words}, and vLLM's rejection sampler "
+            f"verifies at most {VLLM_MAX_SPEC_LEN} draft tokens per request (MAX_SPEC_LEN in "
+            f"vllm/v1/sample/rejection_sampler.py). Next step: set {where} to a value from 1 to {cap} (the default "
+            f"is {DEFAULT_NUM_SPECULATIVE_TOKENS}; the budget controller drafts fewer tokens where they do not pay)."
+        )
+    return num_speculative_tokens
+
+
+def default_max_num_batched_tokens(num_speculative_tokens: int, max_num_seqs: int | None, cpu: bool) -> int:
+    """The ``max_num_batched_tokens`` a DAS engine gets unless the user sets one.
+
+    vLLM's scheduler counts draft tokens against ``max_num_batched_tokens``; rows past it wait for the next step. A
+    batch of ``max_num_seqs`` rows that all draft K tokens needs ``max_num_seqs x (K + 1)``. The default is that,
+    raised to a floor and capped at :data:`MAX_DEFAULT_BATCHED_TOKENS` (16384):
+
+    - GPU builds: floor 8192 (:data:`VLLM_GUIDANCE_BATCHED_TOKENS`: vLLM warns below it with speculation on; TRL's
+      colocate value 4096 holds about 240 rows drafting K = 16). Above the cap the budget controller's per-step
+      token limit (the same setting) decides which rows draft: in a large batch most rows do not pay for a draft.
+    - CPU builds: floor 4096 (:data:`TRL_COLOCATE_BATCHED_TOKENS`), so CPU engines keep TRL's value and the CPU
+      figures stay as they were (a CPU forward pass costs in proportion to its tokens anyway).
+
+    Args:
+        num_speculative_tokens: K.
+        max_num_seqs: the engine's most running requests (``None``: unknown, the floor applies).
+        cpu: whether the engine runs on vLLM's CPU build.
+
+    Returns:
+        tokens per engine step (``int``).
+    """
+    floor = TRL_COLOCATE_BATCHED_TOKENS if cpu else VLLM_GUIDANCE_BATCHED_TOKENS
+    drafted = int(max_num_seqs or 0) * (int(num_speculative_tokens) + 1)
+    return max(floor, min(drafted, MAX_DEFAULT_BATCHED_TOKENS), int(max_num_seqs or 0))
+
+
+def model_len_with_headroom(max_sequence_len: int, num_speculative_tokens: int) -> int:
+    """The ``max_model_len`` that keeps the drafter running for sequences of up to ``max_sequence_len`` tokens
+    (prompt + completion): ``max_sequence_len + K``.
+
+    vLLM 0.32 and 0.33 call the proposer only when every row's length + K fits the model length
+    (``GPUModelRunner._input_fits_in_drafter``); otherwise every row of that step gets K placeholder drafts.
+    """
+    return int(max_sequence_len) + int(num_speculative_tokens)
+
 
 def das_speculative_config(num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS) -> dict[str, Any]:
     """vLLM ``speculative_config`` that loads :class:`~das_trl.vllm.proposer.DASProposer`.
 
     Args:
-        num_speculative_tokens: K, the most draft tokens per request per round (``int`` >= 1).
+        num_speculative_tokens: K, the most draft tokens per request per round (``int``, 1 to
+            :func:`max_num_speculative_tokens`).
 
     Raises:
-        ValueError: K < 1.
+        ValueError: K out of range (:func:`check_num_speculative_tokens`).
     """
-    if num_speculative_tokens < 1:
-        raise ValueError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
-    return {"method": "custom_class", "model": PROPOSER_QUALNAME, "num_speculative_tokens": int(num_speculative_tokens)}
+    k = check_num_speculative_tokens(num_speculative_tokens)
+    return {"method": "custom_class", "model": PROPOSER_QUALNAME, "num_speculative_tokens": k}
 
 
 def das_engine_kwargs(num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS) -> dict[str, Any]:
@@ -30,6 +148,9 @@ def das_engine_kwargs(num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKE
 
     Returns:
         ``{"speculative_config": {...}, "worker_extension_cls": "das_trl.vllm.worker_extension.DASWorkerExtension"}``
+
+    Raises:
+        ValueError: K out of range (:func:`check_num_speculative_tokens`).
     """
     return {
         "speculative_config": das_speculative_config(num_speculative_tokens),
@@ -38,7 +159,11 @@ def das_engine_kwargs(num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKE
 
 
 def das_server_args(num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS) -> list[str]:
-    """The same settings as ``vllm serve`` command-line flags."""
+    """The same settings as ``vllm serve`` command-line flags.
+
+    Raises:
+        ValueError: K out of range (:func:`check_num_speculative_tokens`).
+    """
     return [
         "--speculative-config",
         json.dumps(das_speculative_config(num_speculative_tokens)),

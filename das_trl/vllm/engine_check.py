@@ -7,16 +7,21 @@ the trainer never sees). Read from vLLM 0.32 (CPU build) and the vLLM 0.33.0 CUD
   ``custom_class`` (``VllmConfig._get_v2_model_runner_unsupported_features``); vLLM raises "Model Runner V2 does not
   yet support: speculative method 'custom_class'" (or, on CPU, "Model Runner V2 requires Triton").
 - ``async_scheduling=True`` (``--async-scheduling``): async scheduling runs only with EAGLE/MTP/draft-model/ngram-GPU
-  drafters; vLLM raises "Currently, async scheduling is only supported with EAGLE/MTP/...". Left unset, vLLM turns
-  it off by itself for a ``custom_class`` drafter.
-- ``data_parallel_size > 1`` on a server (``--data-parallel-size``, ``-dp``): vLLM's data-parallel client sends a
-  ``/collective_rpc`` call to every engine but returns only engine 0's reply (``DPLBAsyncMPClient.call_utility_async``),
-  so the trainer's history check (every engine's digest against its mirror) cannot see engines 1..N-1.
-- ``pipeline_parallel_size > 1`` on vLLM 0.32 (``--pipeline-parallel-size``, ``-pp``): vLLM builds the drafter on the
-  last stage only, and its ``GPUModelRunner.initialize_kv_cache_tensors`` then reads ``self.drafter`` on every stage
-  whenever speculation is on, so the engine fails at start with "'...ModelRunner' object has no attribute 'drafter'"
-  for any speculative method (vLLM issue #30436; seen on the CPU build of 0.32 with PP = 2). Other releases get a
-  warning: das-trl itself handles stages without a drafter (they are skipped), but it has not run with PP > 1.
+  drafters; vLLM 0.32 raises "Currently, async scheduling is only supported with EAGLE/MTP/..." and 0.33 "Async
+  scheduling is not supported by the V1 model runner with custom_class-based speculative decoding"
+  (``VllmConfig.__post_init__``). Left unset, vLLM turns it off by itself for a ``custom_class`` drafter.
+- ``pipeline_parallel_size > 1`` (``--pipeline-parallel-size``, ``-pp``) on every vLLM release: vLLM builds the drafter
+  on the last stage only (``GPUModelRunner.__init__``: ``if self.speculative_config and
+  get_pp_group().is_last_rank``) and its ``GPUModelRunner.initialize_kv_cache_tensors`` then reads ``self.drafter`` on
+  every stage whenever speculation is on, so the engine fails at start with "'...ModelRunner' object has no
+  attribute 'drafter'" for any speculative method (vLLM issue #30436: seen on the CPU build of 0.32 with PP = 2; the
+  same code is in the 0.33.0 CUDA wheel's ``vllm/v1/worker/gpu_model_runner.py``). A release is allowed once it is
+  verified (:data:`PIPELINE_VERIFIED_RELEASES`, empty so far).
+- data-parallel load-balancing modes in which one API server does not reach every engine (``--data-parallel-external-lb``,
+  ``--data-parallel-rank``, ``--data-parallel-hybrid-lb``, ``--data-parallel-start-rank``,
+  ``--data-parallel-multi-port-external-lb``, ``--headless``): das-trl checks every engine's history through one
+  server. ``--data-parallel-size N`` itself (vLLM's internal load balancer) is supported: das-trl's endpoint plugin
+  returns every engine's replies (:mod:`das_trl.vllm.endpoints`).
 """
 
 from __future__ import annotations
@@ -42,13 +47,16 @@ ASYNC_SCHEDULING_MESSAGE = (
     "it off for DAS by itself). Next step: {fix}."
 )
 
-DATA_PARALLEL_MESSAGE = (
-    "{where}={value}: a data-parallel vLLM server returns only engine 0's reply to /collective_rpc, so das-trl cannot "
-    "check that every engine holds the trainer's drafter history (the digest check of each push). Allowed: 1. Next "
-    "step: serve with --data-parallel-size 1 and use tensor parallelism (--tensor-parallel-size) for a larger "
-    "model; for more rollout throughput run several single-engine servers (each checked on its own) or colocate "
-    "mode (one engine per training process). See docs/gpu.md, 'Parallel engines'."
+DATA_PARALLEL_LB_MESSAGE = (
+    "{flag}: with this data-parallel load-balancing mode an API server does not reach every engine, so das-trl could "
+    "not push the drafter history to every engine and check it there. Allowed: --data-parallel-size N with vLLM's "
+    "internal load balancer (the default), where the one server reaches all N engines. Next step: drop {flag}, or "
+    "run one `das-trl serve` per engine group and give each its own trainer. See docs/gpu.md, 'Parallel engines'."
 )
+
+#: The ``das-trl serve`` flags of the data-parallel modes refused above (each takes a value unless noted).
+DATA_PARALLEL_LB_FLAGS = ("--data-parallel-external-lb", "--data-parallel-rank", "--data-parallel-hybrid-lb",
+                          "--data-parallel-start-rank", "--data-parallel-multi-port-external-lb", "--headless")
 
 
 def _v2_runner_requested(environ: Mapping[str, str]) -> str | None:
@@ -91,29 +99,42 @@ def check_engine_settings(engine_kwargs: Mapping[str, Any] | None,
 
 
 PIPELINE_PARALLEL_MESSAGE = (
-    "--pipeline-parallel-size={value}: vLLM 0.32 fails at engine start with speculative decoding and pipeline "
-    "parallelism (the stages before the last have no drafter and vLLM reads it anyway: \"object has no attribute "
-    "'drafter'\", vLLM issue #30436; seen with vLLM 0.32's CPU build). Allowed on vLLM 0.32: 1. Next step: split the "
-    "model with --tensor-parallel-size instead, or use a vLLM release that fixes #30436 (das-trl skips the stages "
-    "without a drafter)."
+    "--pipeline-parallel-size={value}: vLLM {release} cannot start an engine with speculative decoding and pipeline "
+    "parallelism: it builds the drafter on the last stage only and reads it on every stage (\"object has no "
+    "attribute 'drafter'\", vLLM issue #30436; seen with vLLM 0.32's CPU build, and the same code is in vLLM 0.33's "
+    "gpu_model_runner.py). Allowed: 1 (no vLLM release has been verified with pipeline parallelism and DAS). Next "
+    "step: split the model with --tensor-parallel-size instead (das-trl drafts on tensor-parallel rank 0)."
 )
 
-PIPELINE_PARALLEL_WARNING = (
-    "--pipeline-parallel-size={value}: das-trl answers from the last stage's drafter and skips the other stages, but "
-    "this has not run yet; vLLM 0.32 failed at start with speculation and pipeline parallelism (vLLM issue #30436). "
-    "If the engine fails with \"no attribute 'drafter'\", use --tensor-parallel-size instead."
-)
-
-#: The vLLM releases on which speculative decoding with pipeline parallelism is known to fail at engine start.
-PIPELINE_BROKEN_RELEASES = ((0, 32),)
+#: The vLLM releases (major, minor) verified to run speculative decoding with pipeline parallelism: none so far
+#: (0.32 fails at start, vLLM issue #30436; 0.33.0 still has the same code). Pipeline parallelism is refused on the
+#: others.
+PIPELINE_VERIFIED_RELEASES: tuple[tuple[int, int], ...] = ()
 
 
 def _server_flag_parser() -> argparse.ArgumentParser:
+    # The flags as vLLM 0.32's server parser defines them (vllm/engine/arg_utils.py; short forms included).
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None)
     parser.add_argument("--data-parallel-size", "-dp", type=int, default=1)
     parser.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
+    parser.add_argument("--max-num-batched-tokens", type=str, default=None)  # vLLM also reads "8k"
+    parser.add_argument("--max-num-seqs", type=int, default=None)
+    parser.add_argument("--data-parallel-external-lb", "-dpe", action=argparse.BooleanOptionalAction, default=None)
+    parser.add_argument("--data-parallel-hybrid-lb", "-dph", action=argparse.BooleanOptionalAction, default=None)
+    parser.add_argument("--data-parallel-multi-port-external-lb", "-dpm", action="store_true", default=None)
+    parser.add_argument("--headless", action="store_true", default=None)
+    parser.add_argument("--data-parallel-rank", "-dpn", type=int, default=None)
+    parser.add_argument("--data-parallel-start-rank", "-dpr", type=int, default=None)
     return parser
+
+
+def server_flag(vllm_args: Sequence[str], name: str) -> Any:
+    """The value of one vLLM server flag among ``vllm_args`` as vLLM's parser reads it (``name``: the flag's
+    destination, e.g. ``"max_num_seqs"``; ``None`` when absent). Flags read: ``--async-scheduling``,
+    ``--data-parallel-size``/``-dp``, ``--pipeline-parallel-size``/``-pp``, ``--max-num-batched-tokens``,
+    ``--max-num-seqs`` and the data-parallel load-balancing flags."""
+    return getattr(_server_flags(vllm_args), name)
 
 
 def _server_flags(vllm_args: Sequence[str]) -> argparse.Namespace:
@@ -140,9 +161,10 @@ def check_server_args(vllm_args: Sequence[str], environ: Mapping[str, str] | Non
             version-specific refusals.
 
     Returns:
-        one message per problem (``--async-scheduling``, ``--data-parallel-size``/``-dp`` > 1,
-        ``--pipeline-parallel-size``/``-pp`` > 1 on vLLM 0.32, ``VLLM_USE_V2_MODEL_RUNNER``), each naming the flag,
-        its value, the allowed values and the next step.
+        one message per problem (``--async-scheduling``, ``--pipeline-parallel-size``/``-pp`` > 1 on a release not
+        in :data:`PIPELINE_VERIFIED_RELEASES`, a data-parallel load-balancing mode in which one server does not reach
+        every engine, ``VLLM_USE_V2_MODEL_RUNNER``), each naming the flag, its value, the allowed values and the next
+        step. ``--data-parallel-size N`` alone is allowed.
     """
     environ = os.environ if environ is None else environ
     problems = []
@@ -153,21 +175,11 @@ def check_server_args(vllm_args: Sequence[str], environ: Mapping[str, str] | Non
     if flags.async_scheduling:
         problems.append(ASYNC_SCHEDULING_MESSAGE.format(
             where="--async-scheduling", value=True, fix="drop --async-scheduling from the das-trl serve command"))
-    if flags.data_parallel_size != 1:
-        problems.append(DATA_PARALLEL_MESSAGE.format(where="--data-parallel-size", value=flags.data_parallel_size))
-    if flags.pipeline_parallel_size > 1 and tuple(release[:2]) in PIPELINE_BROKEN_RELEASES:
-        problems.append(PIPELINE_PARALLEL_MESSAGE.format(value=flags.pipeline_parallel_size))
+    for flag in DATA_PARALLEL_LB_FLAGS:
+        set_to = getattr(flags, flag.removeprefix("--").replace("-", "_"))
+        if set_to is not None and set_to is not False:
+            problems.append(DATA_PARALLEL_LB_MESSAGE.format(flag=flag if set_to is True else f"{flag}={set_to}"))
+    if flags.pipeline_parallel_size > 1 and tuple(release[:2]) not in PIPELINE_VERIFIED_RELEASES:
+        shown = ".".join(str(p) for p in release[:2]) or "(release unknown)"
+        problems.append(PIPELINE_PARALLEL_MESSAGE.format(value=flags.pipeline_parallel_size, release=shown))
     return problems
-
-
-def server_arg_warnings(vllm_args: Sequence[str], release: tuple[int, ...] = ()) -> list[str]:
-    """Settings of a ``das-trl serve`` call that may work but have not run (pipeline parallelism on a vLLM release
-    other than the ones :func:`check_server_args` refuses it on).
-
-    Returns:
-        one message per warning (empty when there is nothing to warn about).
-    """
-    flags = _server_flags(vllm_args)
-    if flags.pipeline_parallel_size > 1 and tuple(release[:2]) not in PIPELINE_BROKEN_RELEASES:
-        return [PIPELINE_PARALLEL_WARNING.format(value=flags.pipeline_parallel_size)]
-    return []

@@ -5,9 +5,13 @@ distribution fails at start) with what ``trl vllm-serve`` sets — dev mode, ``-
 ``--max-logprobs -1``, ``--enable-scale-out`` (vLLM >= 0.30: the render / generate endpoints TRL's client uses for
 image prompts), and the NCCL weight-transfer engine where CUDA exists — plus the DAS speculative config and worker
 extension; binds to 127.0.0.1 unless told otherwise; waits for ``/health``; attaches the drafter; then stays in the
-foreground until the server exits (Ctrl-C stops both). Settings that cannot run the drafter (``--async-scheduling``,
-``--data-parallel-size`` > 1, ``--pipeline-parallel-size`` > 1 on vLLM 0.32, ``VLLM_USE_V2_MODEL_RUNNER=1``) are
-refused before the server starts (:mod:`das_trl.vllm.engine_check`).
+foreground until the server exits (Ctrl-C stops both). It also loads das-trl's endpoint plugin
+(:mod:`das_trl.vllm.endpoints`, through ``VLLM_PLUGINS``), so ``--data-parallel-size N`` works: every engine's history
+is pushed and checked. On GPU builds it passes a ``--max-num-batched-tokens`` that fits drafted batches unless one is
+given (:func:`~das_trl.vllm.engine.default_max_num_batched_tokens`). Settings that cannot run the drafter
+(``--async-scheduling``, ``--pipeline-parallel-size`` > 1, data-parallel modes in which one server does not reach
+every engine, ``VLLM_USE_V2_MODEL_RUNNER=1``, K out of 1..64) are refused before the server starts
+(:mod:`das_trl.vllm.engine_check`).
 """
 
 from __future__ import annotations
@@ -21,8 +25,9 @@ import subprocess
 import sys
 import time
 
-from das_trl.vllm.engine import DEFAULT_NUM_SPECULATIVE_TOKENS, das_server_args
-from das_trl.vllm.engine_check import check_server_args, server_arg_warnings
+from das_trl.vllm.engine import (DEFAULT_NUM_SPECULATIVE_TOKENS, check_num_speculative_tokens, das_server_args,
+                                  default_max_num_batched_tokens)
+from das_trl.vllm.engine_check import check_server_args, server_flag
 
 logger = logging.getLogger("das_trl.serve")
 
@@ -34,12 +39,15 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default loopback: dev-mode RPCs are open)")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--num-speculative-tokens", type=int, default=DEFAULT_NUM_SPECULATIVE_TOKENS,
-                        help="K: most draft tokens per request per verification round")
+                        help="K: most draft tokens per request per verification round (1 to 64: the native "
+                             "drafter core's cap; vLLM verifies at most 128)")
     parser.add_argument("--drafter-config", default="", help="JSON object of DrafterConfig fields")
     parser.add_argument("--gpu-memory-utilization", type=float, default=None,
                         help="vLLM memory fraction (on CPU builds: fraction of RAM for the KV cache; default 0.3 "
                              "on CPU, vLLM's default elsewhere)")
-    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--max-model-len", type=int, default=None,
+                        help="model length (vLLM's flag): give it K tokens past the longest prompt + completion "
+                             "(the trainer says what to set when rollouts come within K of it)")
     parser.add_argument("--dtype", default=None,
                         help="model dtype (default: the checkpoint's own dtype, which a TRL trainer computes in "
                              "without mixed precision; vLLM's 'auto' would downcast float32 to bfloat16)")
@@ -116,7 +124,25 @@ def build_command(args: argparse.Namespace, extra: list[str], cpu: bool,
     if not cpu:
         # TRL's client pushes weights over NCCL; only CUDA machines have it (CPU trainers reload from disk instead).
         command += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
+        if server_flag(extra, "max_num_batched_tokens") is None:
+            # Draft tokens count against the step's token budget; vLLM's server default is 2048 on GPUs other than
+            # the H100/H200 class (EngineArgs.get_batch_defaults). CPU servers keep vLLM's default.
+            tokens = default_max_num_batched_tokens(args.num_speculative_tokens, server_flag(extra, "max_num_seqs"),
+                                                    cpu=False)
+            command += ["--max-num-batched-tokens", str(tokens)]
     return command + extra
+
+
+def headroom_note(max_model_len: int | None, num_speculative_tokens: int) -> str:
+    """The start-up line on the model length DAS needs (K tokens past the longest prompt + completion)."""
+    k = num_speculative_tokens
+    if max_model_len is None:
+        return (f"max_model_len: the model's own. DAS needs K={k} tokens of it past the longest prompt + completion "
+                f"(closer, vLLM skips the drafter for the whole batch); the trainer warns if rollouts get that close")
+    return (f"max_model_len {max_model_len}: DAS keeps drafting for requests of prompt + max_tokens up to "
+            f"{max_model_len - k} tokens (K={k} tokens of headroom; closer, vLLM skips the drafter for the whole "
+            f"batch). If your trainer's longest prompt + max_completion_length is larger, restart with "
+            f"--max-model-len (that sum + {k})")
 
 
 def wait_for_server(base_url: str, process: subprocess.Popen | None, timeout: float) -> None:
@@ -155,12 +181,14 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="[das-trl] %(message)s")
     release = vllm_release()
     problems = check_server_args(extra, release=release)
+    try:
+        check_num_speculative_tokens(args.num_speculative_tokens, "--num-speculative-tokens")
+    except ValueError as exc:
+        problems.append(str(exc))
     if problems:
         for problem in problems:
             logger.error("%s", problem)
         return 2
-    for warning in server_arg_warnings(extra, release):
-        logger.warning("%s", warning)
     from das_trl.vllm.client import HTTPDASEngine
     from das_trl.vllm.dtype import serve_engine_dtype
     from das_trl.vllm.engine import is_cpu_build
@@ -197,7 +225,12 @@ def main(argv: list[str] | None = None) -> int:
     logger.info("engine dtype %s: %s", args.dtype, why)
     cpu = is_cpu_build()
     command = build_command(args, extra, cpu, release)
+    from das_trl.vllm.endpoints import plugin_allowlist
+
+    # Dev mode (TRL's client and das-trl's RPCs) and das-trl's endpoint plugin (every data-parallel engine's replies).
     env = dict(os.environ, VLLM_SERVER_DEV_MODE="1")
+    env["VLLM_PLUGINS"] = plugin_allowlist(env)
+    logger.info("%s", headroom_note(args.max_model_len, args.num_speculative_tokens))
     if args.max_payload_bytes is not None:
         if args.max_payload_bytes < 1:
             logger.error("--max-payload-bytes must be >= 1, got %s", args.max_payload_bytes)
@@ -218,8 +251,11 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, forward)
     try:
         wait_for_server(base_url, process, args.startup_timeout)
-        stats = HTTPDASEngine(base_url).attach(drafter_config)
-        logger.info("DAS drafter attached (K=%s); serving at %s", stats.get("num_speculative_tokens"), base_url)
+        engine = HTTPDASEngine(base_url)
+        stats = engine.attach(drafter_config)
+        engines = int(engine.layout.get("data_parallel_size", 1))
+        logger.info("DAS drafter attached (K=%s%s); serving at %s", stats.get("num_speculative_tokens"),
+                    f", on each of {engines} data-parallel engines" if engines > 1 else "", base_url)
     except Exception as exc:  # noqa: BLE001 - any failure here must stop the server we started
         logger.error("%s", startup_failure(exc, received[0] if received else None))
         process.terminate()

@@ -150,6 +150,24 @@ def parallel_layout(vllm_config: Any) -> dict[str, Any]:
     }
 
 
+def engine_limits(vllm_config: Any) -> dict[str, Any]:
+    """The engine sizes a trainer checks its rollouts against (sent with ``das_attach``'s reply).
+
+    Returns:
+        ``{"max_model_len": int | None, "max_num_batched_tokens": int | None, "num_speculative_tokens": int | None}``
+        (``None`` where the config has no such field): the model length (tokens per sequence, prompt + output), the
+        scheduler's tokens per engine step (draft tokens count against it) and K.
+    """
+    def read(section: str, name: str) -> int | None:
+        value = getattr(getattr(vllm_config, section, None), name, None)
+        return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+    return {
+        "max_model_len": read("model_config", "max_model_len"),
+        "max_num_batched_tokens": read("scheduler_config", "max_num_batched_tokens"),
+        "num_speculative_tokens": read("speculative_config", "num_speculative_tokens"),
+    }
+
 
 def attach_configs(fields: object, base: DrafterConfig | None = None) -> tuple[DrafterConfig, ControllerConfig | None]:
     """The drafter and controller configs of a ``das_attach`` config object (also checked by ``das-trl serve`` before
@@ -220,7 +238,8 @@ class DASWorkerExtension:
                 tier policy) is refused with a message naming ``budget_controller``.
 
         Returns:
-            ``{"ok": True, "stats": {...}}``, or ``{"ok": False, "error": ...}`` when the engine was not started with
+            ``{"ok": True, "stats": {...}, "parallel": {...}, "limits": {...}}`` (:func:`parallel_layout`,
+            :func:`engine_limits`), or ``{"ok": False, "error": ...}`` when the engine was not started with
             the DAS proposer (``speculative_config`` method ``custom_class`` and model ``PROPOSER_QUALNAME``) or the
             config is invalid.
         """
@@ -241,7 +260,8 @@ class DASWorkerExtension:
             proposer.attach(self.model_runner, config, controller)
         except (ValueError, TypeError) as exc:
             return _error(str(exc))
-        return {"ok": True, "stats": proposer.stats(), "parallel": parallel_layout(self.vllm_config)}
+        return {"ok": True, "stats": proposer.stats(), "parallel": parallel_layout(self.vllm_config),
+                "limits": engine_limits(self.vllm_config)}
 
     def das_reload_weights(self, weights_path: str = "", weights_iterator: Any = None) -> dict[str, Any]:
         """Reload the model's weights in place (vLLM's ``reload_weights``), keeping tied embeddings tied.
