@@ -24,11 +24,12 @@ def test_rejections_lower_and_acceptances_raise_the_estimate_per_cell():
     # the cell and its (source, position) parent both hold 0 hits / 25 expected; the cell shrinks to the parent
     parent = 4 / 29
     assert cal.ratio("global", 2, 0, 0.5) == pytest.approx((0 + 4 * parent) / 29)
-    assert cal.ratio("global", 2, 1, 0.5) == 1.0  # position 2 was never tried
+    assert cal.ratio("global", 2, 1, 0.5) == pytest.approx(parent)  # never tried: position 1's pooled ratio
     assert cal.calibrate("global", 2, [0.5])[0] == pytest.approx(0.5 * (4 * parent) / 29)
     up = 54 / 29
     assert cal.ratio("local", 2, 0, 0.5) == pytest.approx((50 + 4 * up) / 29)
-    assert cal.ratio("local", 2, 1, 0.5) == pytest.approx((50 + 4 * up) / 29)
+    up1 = (50 + 4 * up) / 29  # position 2's parent, shrunk towards position 1's
+    assert cal.ratio("local", 2, 1, 0.5) == pytest.approx((50 + 4 * up1) / 29)
     assert cal.calibrate("local", 2, [0.55, 0.3]) == [1.0, 1.0]  # capped at 1
     # Other cells: another source is untouched; another match bucket or bin of the same position takes the parent.
     assert cal.ratio("problem", 2, 0, 0.5) == 1.0
@@ -40,13 +41,15 @@ def test_rejections_lower_and_acceptances_raise_the_estimate_per_cell():
 def test_far_positions_learn_their_own_decay():
     """A tree path that says "certain" all along (conditionals 1.0), of which verification accepts the first 4 of
     every 12 tokens: positions 1-4 learn acceptance, positions 5-8 rejection (only position 5 is ever tried), and
-    positions 9+ stay untried."""
+    positions 9+, never tried, take the decay of the position bucket before them."""
     cal = AcceptanceCalibrator(["s"], pseudocount=1.0)
     for _ in range(200):
         cal.observe("s", 5, [0.9] * 12, num_accepted=4)
     est = cal.calibrate("s", 5, [0.9] * 12)
     assert est[3] > 0.95 and est[4] < 0.01
-    assert cal.ratio("s", 5, 4, 1.0) < 0.01 and cal.ratio("s", 5, 8, 1.0) == 1.0
+    assert cal.ratio("s", 5, 4, 1.0) < 0.01 and cal.ratio("s", 5, 8, 1.0) < 0.01
+    fresh = AcceptanceCalibrator(["s"], pseudocount=1.0)
+    assert fresh.ratio("s", 5, 40, 1.0) == 1.0  # nothing observed anywhere: the prior
 
 
 def test_accepted_prefix_labels_and_clipping():

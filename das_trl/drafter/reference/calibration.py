@@ -14,8 +14,10 @@ r_0 = a_0 and r_i = a_i / a_{i-1} (the tree's count ratio; arctic's probabilitie
 (source, match-length bucket, draft-position bucket, bin of r_i). Each verified draft teaches the tokens up to and
 including its first rejected one (the later ones were never tried): token i adds r_i to its cell's ``expected`` mass
 and 1 to ``hits`` when accepted. A cell's ratio is ``(hits + s R) / (expected + s)``: shrunk by ``s``
-pseudo-observations towards R, the ratio of its (source, position bucket) parent, itself ``(H + s) / (E + s)`` over
-all the parent's tokens; so a rarely seen cell takes its position's pooled correction. The calibrated estimate of
+pseudo-observations towards R, the ratio of its (source, position bucket) parent, itself ``(H + s R') / (E + s)``
+over all the parent's tokens with R' the parent ratio of the position bucket before (1 before the first): a rarely
+seen cell takes its position's pooled correction, and a position bucket few drafts have reached yet the one before
+it (acceptance falls along a draft; an untried far position is not "certain" because the tree says so). The calibrated estimate of
 token i is ``min(1, r_i * ratio)``, and the draft's cumulative estimates are their running products (non-increasing
 by construction).
 
@@ -111,14 +113,24 @@ class AcceptanceCalibrator:
             return 0.0
         return min(max(prior[i] / before, 0.0), 1.0)
 
-    def _ratio(self, row: int, parent: int, b: int) -> float:
-        pc = self.pseudocount
-        up = (self._parent_hits[parent] + pc) / (self._parent_expected[parent] + pc)
-        return (self._hits[row][b] + pc * up) / (self._expected[row][b] + pc)
+    def _parent_ratio(self, source: str, bucket: int, before: float) -> float:
+        p = self._index[source] * _NUM_POSITIONS + bucket
+        return (self._parent_hits[p] + self.pseudocount * before) / (self._parent_expected[p] + self.pseudocount)
+
+    def _up(self, source: str, bucket: int) -> float:
+        """The chained parent ratio of position bucket ``bucket`` (see the module docstring)."""
+        up = 1.0
+        for p in range(bucket + 1):
+            up = self._parent_ratio(source, p, up)
+        return up
+
+    def _shrunk(self, row: int, b: int, up: float) -> float:
+        return (self._hits[row][b] + self.pseudocount * up) / (self._expected[row][b] + self.pseudocount)
 
     def ratio(self, source: str, match_len: int, position: int, r: float) -> float:
         """The ratio applied to conditional prior ``r`` of 0-based draft ``position`` (1.0 with no observations)."""
-        return self._ratio(self._row(source, match_len, position), self._parent(source, position), self._bin(r))
+        up = self._up(source, self._position(position))
+        return self._shrunk(self._row(source, match_len, position), self._bin(r), up)
 
     def calibrate(self, source: str, match_len: int, prior: Sequence[float], floor: float = 0.0) -> list[float]:
         """Calibrated cumulative acceptance estimates for one draft: the running product of ``min(1, r_i * ratio)``
@@ -126,9 +138,14 @@ class AcceptanceCalibrator:
         matched. The list stops before the first estimate below ``floor`` (the drafting threshold: the rest would be
         cut anyway)."""
         out, last = [], 1.0
+        pos, up = -1, 1.0  # the position bucket `up` (its chained parent ratio) is for
         for i in range(len(prior)):
             r = self._conditional(prior, i)
-            c = r * self._ratio(self._row(source, match_len, i), self._parent(source, i), self._bin(r))
+            want = self._position(i)
+            while pos < want:
+                pos += 1
+                up = self._parent_ratio(source, pos, up)
+            c = r * self._shrunk(self._row(source, match_len, i), self._bin(r), up)
             if c > 1.0:
                 c = 1.0
             a = last * c
@@ -176,6 +193,6 @@ class AcceptanceCalibrator:
     def table(self) -> dict[str, list[list[list[float]]]]:
         """Current ratios: source -> [match bucket][position bucket][conditional-prior bin] (for logs and docs)."""
         nb = len(MATCH_BUCKETS) + 1
-        return {name: [[[round(self._ratio((i * nb + m) * _NUM_POSITIONS + p, i * _NUM_POSITIONS + p, b), 3)
+        return {name: [[[round(self._shrunk((i * nb + m) * _NUM_POSITIONS + p, b, self._up(name, p)), 3)
                          for b in range(self.bins)] for p in range(_NUM_POSITIONS)] for m in range(nb)]
                 for name, i in self._index.items()}

@@ -7,8 +7,10 @@
 // tree's count ratio). Each r_i is scaled by the observed/predicted ratio of its cell (source, match-length bucket
 // 1 / 2 / 3-4 / 5-8 / 9+, draft-position bucket 1 / 2 / 3-4 / 5-8 / 9-16 / 17-32 / 33+, bin of r_i of width 1/bins),
 // capped at 1, and the estimates are the running products. A cell's ratio is (hits + s R) / (expected + s), shrunk
-// towards R, the ratio of its (source, position bucket) parent, itself (H + s) / (E + s): a cell seen rarely takes its
-// position's pooled correction, so far positions decay as observed even where the tree says "certain".
+// towards R, the ratio of its (source, position bucket) parent, itself (H + s R') / (E + s) with R' the parent ratio
+// of the position bucket before (1 before the first): a cell seen rarely takes its position's pooled correction, and
+// a position bucket seen rarely the one before it, so far positions decay as observed even where the tree says
+// "certain" and few drafts have reached them yet.
 // A verified draft teaches each token up to and including the first rejected one (the later ones were never tried);
 // counts decay by step_decay per history push and are halved when a cell's expected mass passes cap.
 #pragma once
@@ -59,9 +61,12 @@ class Calibrator {
   int calibrate(int source, int match_len, const double* prior, int n, double floor, double* out) const {
     double last = 1.0;
     int k = 0;
+    int pos = -1;      // the position bucket `up` is for
+    double up = 1.0;   // its parent ratio (chained from the first bucket)
     for (int i = 0; i < n; ++i) {
       const double r = conditional(prior, i);
-      double c = r * ratio_at(source, match_len, i, r);
+      for (const int want = position_bucket(i); pos < want;) up = parent_ratio(source, ++pos, up);
+      double c = r * shrunk(cell(source, match_len, i, r), up);
       if (c > 1.0) c = 1.0;
       const double a = last * c;
       if (a < floor) break;
@@ -100,8 +105,9 @@ class Calibrator {
   // The ratio applied to a conditional prior in bin `bin` at position bucket `position`, match bucket `bucket`.
   double ratio(int source, int bucket_index, int position, int bin) const {
     const size_t c = ((static_cast<size_t>(source) * kBuckets + bucket_index) * kPositions + position) * bins_ + bin;
-    const size_t p = static_cast<size_t>(source) * kPositions + position;
-    return shrunk(c, p);
+    double up = 1.0;
+    for (int p = 0; p <= position; ++p) up = parent_ratio(source, p, up);
+    return shrunk(c, up);
   }
 
  private:
@@ -118,13 +124,12 @@ class Calibrator {
     return ((static_cast<size_t>(source) * kBuckets + bucket(match_len)) * kPositions + position_bucket(i)) * bins_ + b;
   }
   size_t parent(int source, int i) const { return static_cast<size_t>(source) * kPositions + position_bucket(i); }
-  double shrunk(size_t c, size_t p) const {
-    const double up = (parent_hits_[p] + pc_) / (parent_expected_[p] + pc_);
-    return (hits_[c] + pc_ * up) / (expected_[c] + pc_);
+  // (H + s before) / (E + s) of position bucket `position`'s parent, `before` the ratio of the bucket before it.
+  double parent_ratio(int source, int position, double before) const {
+    const size_t p = static_cast<size_t>(source) * kPositions + position;
+    return (parent_hits_[p] + pc_ * before) / (parent_expected_[p] + pc_);
   }
-  double ratio_at(int source, int match_len, int i, double r) const {
-    return shrunk(cell(source, match_len, i, r), parent(source, i));
-  }
+  double shrunk(size_t c, double up) const { return (hits_[c] + pc_ * up) / (expected_[c] + pc_); }
   void add(double& e, double& h, double r, double hit) const {
     e += r;
     h += hit;
