@@ -98,3 +98,18 @@ def test_cache_reuses_cost_independent_results(sets, tmp_path, monkeypatch):
     a, b = (json.loads((tmp_path / f).read_text())["points"][0]["by_c_tok"]["0.025"]["ratios"] for f in
             ("a.json", "b.json"))
     assert a["suffix"]["time_ms"] == b["suffix"]["time_ms"] and a["none"]["tail"] == b["none"]["tail"]
+
+
+def test_long_drafts_show_the_short_drafts_bound_beside_their_own(sets, tmp_path, capsys):
+    """With a cap above 16, the suite also replays das+siblings with the K-16 settings (oracle-trim@16) and computes
+    oracle-text at the drafter's own cap."""
+    out = tmp_path / "suite.json"
+    rc = suite.main(["--sets", str(sets / "synthetic.jsonl"), "--c-tok", "0.025", "--early-appearance", "-1",
+                     "--drafters", "none,suffix,das+controller", "--json", str(out),
+                     "--das-config", json.dumps({"max_spec_tokens": 32, "max_spec_factor": 2.0, "max_tree_depth": 64})])
+    assert rc == 0 and "trim16/bst" in capsys.readouterr().out
+    point = json.loads(out.read_text())["points"][0]
+    assert point["bounds"]["k"] == 32 and point["bounds"]["short_k"] == 16
+    rat = point["by_c_tok"]["0.025"]["ratios"]
+    assert rat["oracle-trim@16"]["bound"] and rat["oracle-trim@16"]["time_ms"] > 0
+    assert rat["oracle-text"]["tail"] <= rat["oracle-trim"]["tail"]

@@ -194,10 +194,13 @@ def ratios(results: Sequence[ReplayResult], c_base: float, c_tok: float, host_sp
                        "time_cpu_ms": tc, "time_cpu_vs_none": tc / none_cpu, "time_cpu_vs_best": tc / best_cpu,
                        "cpu_representative": r.cpu_representative, "bound": False}
     if bounds is not None:
-        for name, t, tpr, steps in (("oracle-trim", bounds.trim_time(c_base, c_tok), bounds.trim_tokens_per_round,
-                                     bounds.trim_steps),
-                                    ("oracle-text", bounds.text_time(c_base, c_tok), bounds.text_tokens_per_round,
-                                     bounds.text_steps)):
+        rows = [("oracle-trim", bounds.trim_time(c_base, c_tok), bounds.trim_tokens_per_round, bounds.trim_steps),
+                ("oracle-text", bounds.text_time(c_base, c_tok), bounds.text_tokens_per_round, bounds.text_steps)]
+        short = bounds.short_trim_time(c_base, c_tok)
+        if short is not None:
+            rows.append((f"oracle-trim@{bounds.short_k}", short, bounds.tokens / max(1, bounds.short_trim_rounds),
+                         bounds.short_trim_steps))
+        for name, t, tpr, steps in rows:
             out[name] = {"tokens_per_round": tpr, "tpr_vs_suffix": tpr / sfx_tpr, "tail": steps,
                          "tail_vs_none": steps / none.steps if none else math.nan, "time_ms": t,
                          "time_vs_none": t / none_t, "time_vs_best": t / best, "cpu_ms": 0.0,
@@ -220,7 +223,8 @@ def summary_rows(points: Sequence[Point], c_base: float, c_toks: Sequence[float]
     """One row per replay point and cost model for the trainer default: ``time_cpu_vs_none``, ``time_cpu_vs_best``
     (the better of none and suffix, each with its own CPU), ``time_vs_best`` (all without the CPU),
     ``gap_to_trim`` (default with CPU / oracle-trim - 1), ``trim_vs_best`` / ``text_vs_best`` (the bounds / best
-    with CPU), ``tokens_per_round``, ``cpu_ms_per_step``, ``cpu_us_per_round``."""
+    with CPU), ``short_trim_vs_best`` (``oracle-trim`` of the shorter K-16 drafts, when replayed), ``tokens_per_round``,
+    ``cpu_ms_per_step``, ``cpu_us_per_round``."""
     rows = []
     for c_tok in c_toks:
         for p in points:
@@ -228,6 +232,7 @@ def summary_rows(points: Sequence[Point], c_base: float, c_toks: Sequence[float]
             a = rat.get(default)
             nan = math.nan
             trim, text = rat.get("oracle-trim"), rat.get("oracle-text")
+            short = next((v for k, v in rat.items() if k.startswith("oracle-trim@")), None)
             rows.append({"set": p.name, "c_tok": c_tok, "requests": p.requests,
                          "tokens_per_round": a["tokens_per_round"] if a else nan,
                          "time_cpu_vs_none": a["time_cpu_vs_none"] if a else nan,
@@ -236,6 +241,7 @@ def summary_rows(points: Sequence[Point], c_base: float, c_toks: Sequence[float]
                          "gap_to_trim": a["time_cpu_ms"] / trim["time_ms"] - 1.0 if a and trim else nan,
                          "trim_vs_best": trim["time_cpu_vs_best"] if trim else nan,
                          "text_vs_best": text["time_cpu_vs_best"] if text else nan,
+                         "short_trim_vs_best": short["time_cpu_vs_best"] if short else nan,
                          "cpu_ms_per_step": a["cpu_ms_per_step"] if a else nan,
                          "cpu_us_per_round": a["cpu_us_per_round"] if a else nan})
     return rows
@@ -245,15 +251,16 @@ def format_summary(points: Sequence[Point], c_base: float, c_toks: Sequence[floa
                    async_off_ms: float = 0.0, default: str = DEFAULT) -> str:
     """One line per replay point and cost model for the trainer default (:func:`summary_rows`)."""
     head = (f"{'set':<34}{'c_tok':>6}{'req':>5}{'tok/rd':>8}{'+CPU/none':>10}{'+CPU/best':>10}{'noCPU/best':>11}"
-            f"{'gap trim':>9}{'trim/best':>10}{'text/best':>10}{'CPU ms/st':>10}{'us/req-rd':>10}")
+            f"{'gap trim':>9}{'trim/best':>10}{'trim16/bst':>11}{'text/best':>10}{'CPU ms/st':>10}{'us/req-rd':>10}")
     lines = [f"default = {default}; time with the proposer's CPU (host speed {host_speed:g}, async-off "
              f"{async_off_ms:g} ms/step) vs none and vs the better of none and suffix (each with its own CPU); "
-             f"gap trim = default with CPU / oracle-trim - 1", head, "-" * len(head)]
+             f"gap trim = default with CPU / oracle-trim - 1; trim16 = oracle-trim of the K-16 drafts", head,
+             "-" * len(head)]
     for r in summary_rows(points, c_base, c_toks, host_speed, async_off_ms, default):
         lines.append(f"{r['set']:<34}{r['c_tok']:>6}{r['requests']:>5}{r['tokens_per_round']:>8.3f}"
                      f"{_f(r['time_cpu_vs_none'], 10, 3)}{_f(r['time_cpu_vs_best'], 10, 3)}"
                      f"{_f(r['time_vs_best'], 11, 3)}{_pct(r['gap_to_trim'], 9)}{_f(r['trim_vs_best'], 10, 3)}"
-                     f"{_f(r['text_vs_best'], 10, 3)}{_f(r['cpu_ms_per_step'], 10, 3)}"
+                     f"{_f(r['short_trim_vs_best'], 11, 3)}{_f(r['text_vs_best'], 10, 3)}{_f(r['cpu_ms_per_step'], 10, 3)}"
                      f"{_f(r['cpu_us_per_round'], 10, 2)}")
     return "\n".join(lines)
 

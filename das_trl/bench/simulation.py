@@ -25,7 +25,7 @@ Time with the CPU (:meth:`ReplayResult.time_with_cpu`)::
     c_base * steps + c_tok * verified tokens + proposer CPU / host_speed (+ async_off_ms * steps, speculative only)
 
 Bounds (:class:`Bounds`): ``oracle-trim`` (``das+siblings``' drafts, made to the hard cap every step, each cut to
-exactly its accepted tokens: no waste, no CPU) and ``oracle-text`` (the true continuation at the draft cap K = 16:
+exactly its accepted tokens: no waste, no CPU) and ``oracle-text`` (the true continuation at the draft cap K:
 each round emits ``min(K + 1, remaining)`` tokens; analytic; no CPU).
 """
 
@@ -39,6 +39,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from das_trl.bench.drafters import Drafter
+from das_trl.drafter.config import DEFAULT_MAX_SPEC_TOKENS
 from das_trl.drafter.rollout_log import RolloutRecord
 
 #: The clock a replay times the proposer's calls with (seconds of this thread's CPU time); tests replace it.
@@ -46,8 +47,8 @@ cpu_clock: Callable[[], float] = time.thread_time
 #: The clock for drafters with several drafting threads (thread time would miss the workers).
 wall_clock: Callable[[], float] = time.perf_counter
 
-#: The draft cap of the ``oracle-text`` bound (the product's ``das_num_speculative_tokens``).
-ORACLE_K = 16
+#: The default draft cap of the ``oracle-text`` bound (the product's ``das_num_speculative_tokens``).
+ORACLE_K = DEFAULT_MAX_SPEC_TOKENS
 
 
 class Stopwatch:
@@ -170,7 +171,10 @@ class Bounds:
 
     ``oracle-trim``: ``das+siblings``' replay (the default drafter's drafts at the hard cap every step), each draft
     cut to exactly its accepted tokens: its steps, with ``rounds + accepted`` verified tokens. ``oracle-text``: the
-    true continuation at the draft cap ``k``: each round emits ``min(k + 1, remaining)`` tokens, all verified."""
+    true continuation at the draft cap ``k``: each round emits ``min(k + 1, remaining)`` tokens, all verified.
+    ``short_trim_*``: optionally the same ``oracle-trim`` of a second ``das+siblings`` replay with shorter drafts
+    (the K-16 drafter settings before long drafts: :data:`das_trl.bench.suite.SHORT_DRAFTS`), so the bound long
+    drafts open is seen beside the one they replaced (``oracle-trim@16``)."""
 
     trim_steps: int
     trim_rounds: int
@@ -179,15 +183,28 @@ class Bounds:
     text_rounds: int
     tokens: int
     k: int = ORACLE_K
+    short_trim_steps: int | None = None
+    short_trim_rounds: int | None = None
+    short_trim_accepted: int | None = None
+    short_k: int | None = None
 
     @classmethod
-    def of(cls, siblings: ReplayResult, lengths: Sequence[int], k: int = ORACLE_K) -> "Bounds":
+    def of(cls, siblings: ReplayResult, lengths: Sequence[int], k: int = ORACLE_K,
+           short: ReplayResult | None = None, short_k: int | None = None) -> "Bounds":
         rounds = [math.ceil(n / (k + 1)) for n in lengths]
+        extra = {} if short is None else dict(short_trim_steps=short.steps, short_trim_rounds=short.rounds,
+                                              short_trim_accepted=short.accepted_tokens, short_k=short_k)
         return cls(siblings.steps, siblings.rounds, siblings.accepted_tokens, max(rounds, default=0), sum(rounds),
-                   int(sum(lengths)), k)
+                   int(sum(lengths)), k, **extra)
 
     def trim_time(self, c_base: float, c_tok: float) -> float:
         return c_base * self.trim_steps + c_tok * (self.trim_rounds + self.trim_accepted)
+
+    def short_trim_time(self, c_base: float, c_tok: float) -> float | None:
+        """``oracle-trim`` of the shorter drafts (ms), ``None`` without them."""
+        if self.short_trim_steps is None:
+            return None
+        return c_base * self.short_trim_steps + c_tok * (self.short_trim_rounds + self.short_trim_accepted)
 
     def text_time(self, c_base: float, c_tok: float) -> float:
         return c_base * self.text_steps + c_tok * self.tokens

@@ -15,7 +15,8 @@ step and per request-round (the calls the live proposer makes, timed in the repl
 and the time with that CPU (``/ --host-speed``, plus ``--async-off-ms`` per step for speculative methods; vs ``none``
 and vs the better of ``none`` and ``suffix``, each with its own CPU); then the two bounds, ``oracle-trim``
 (``das+siblings``' drafts cut to exactly their accepted tokens; ``das+siblings`` is replayed for it when it is not
-among the drafters) and ``oracle-text`` (the true continuation at K = 16), without CPU. The summary gives, per set
+among the drafters) and ``oracle-text`` (the true continuation at the drafter's cap K), without CPU, and
+``oracle-trim@16``: the same cut of the K-16 drafts the default used before long drafts (:data:`SHORT_DRAFTS`). The summary gives, per set
 and cost model, the trainer default's time with the CPU vs ``none`` and vs the better of ``none`` and ``suffix``,
 its gap to ``oracle-trim`` and its tokens per round.
 
@@ -54,6 +55,9 @@ from das_trl.drafter import DrafterConfig
 DEFAULT_DRAFTERS = ("none", "ngram", "suffix", "das+siblings", "das+policy", "das+controller")
 #: The replay ``oracle-trim`` cuts: the default drafter's drafts made to the hard cap every step.
 BOUND_DRAFTER = "das+siblings"
+#: The drafter settings before long drafts (K 16, drafts at most as long as their match, cut below a 5 % estimate,
+#: 32-token trees): ``oracle-trim@16`` replays ``das+siblings`` with them, beside the bound of today's long drafts.
+SHORT_DRAFTS = {"max_spec_tokens": 16, "max_spec_factor": 1.0, "min_token_prob": 0.05, "max_tree_depth": 32}
 
 
 @dataclass
@@ -97,20 +101,22 @@ def run_point(path: Path, epochs: dict, eval_epoch: int, drafters: Sequence[str]
                   len(evals), len({r.problem_key for r in evals}), sum(len(r.completion_ids) for r in evals))
     fixed: dict[str, ReplayResult] = {}
 
-    def replay(name: str, c_tok: float) -> ReplayResult:
-        cached = None if cache is None or name in COST_AWARE else _cache_file(cache, path, ev, name, das_overrides,
-                                                                             warmup, draft_threads)
-        if name not in COST_AWARE and name not in fixed and cached is not None and cached.exists():
-            fixed[name] = ReplayResult(**json.loads(cached.read_text()))
-        if name in fixed:
-            return fixed[name]
+    def replay(name: str, c_tok: float, overrides: dict | None = None) -> ReplayResult:
+        ov = das_overrides if overrides is None else overrides
+        key = name if overrides is None else f"{name}{json.dumps(overrides, sort_keys=True)}"
+        cached = None if cache is None or name in COST_AWARE else _cache_file(cache, path, ev, name, ov, warmup,
+                                                                             draft_threads)
+        if name not in COST_AWARE and key not in fixed and cached is not None and cached.exists():
+            fixed[key] = ReplayResult(**json.loads(cached.read_text()))
+        if key in fixed:
+            return fixed[key]
         pc = LengthPolicyConfig(c_base_ms=c_base, c_tok_ms=c_tok)
-        res = simulate(make_drafter(name, policy_config=pc, das_overrides=das_overrides,
+        res = simulate(make_drafter(name, policy_config=pc, das_overrides=ov,
                                     controller_config=controller_config(c_base, c_tok, controller_overrides),
                                     draft_threads=draft_threads),
                        train, evals, c_base, c_tok, warmup=warmup)
         if name not in COST_AWARE:
-            fixed[name] = res
+            fixed[key] = res
             if cached is not None:
                 cached.parent.mkdir(parents=True, exist_ok=True)
                 cached.write_text(json.dumps(asdict(res)))
@@ -118,7 +124,14 @@ def run_point(path: Path, epochs: dict, eval_epoch: int, drafters: Sequence[str]
 
     for c_tok in c_toks:
         point.results[c_tok] = [replay(name, c_tok) for name in drafters]
-    point.bounds = Bounds.of(replay(BOUND_DRAFTER, c_toks[0]), [len(r.completion_ids) for r in evals])
+    # The bounds: oracle-trim of the drafter's own drafts at its cap, oracle-text at that cap, and oracle-trim of the
+    # short drafts (SHORT_DRAFTS over the same overrides) unless the drafts are that short already.
+    k = DrafterConfig(**{k: v for k, v in das_overrides.items() if k != "draft_threads"}).max_spec_tokens
+    short_ov = {**das_overrides, **SHORT_DRAFTS}
+    short = None if short_ov == das_overrides or k <= SHORT_DRAFTS["max_spec_tokens"] else \
+        replay(BOUND_DRAFTER, c_toks[0], short_ov)
+    point.bounds = Bounds.of(replay(BOUND_DRAFTER, c_toks[0]), [len(r.completion_ids) for r in evals], k,
+                             short, SHORT_DRAFTS["max_spec_tokens"] if short is not None else None)
     return point
 
 

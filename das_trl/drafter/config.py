@@ -13,6 +13,10 @@ from dataclasses import asdict, dataclass, field
 #: docs/reliability.md. The reference's ``stats()["live_approx_bytes"]`` is this times ``live_tree_tokens``.
 LIVE_TREE_BYTES_PER_TOKEN = 400
 
+#: The default hard cap K of draft tokens per request per round: the drafter's ``max_spec_tokens``, the engine's
+#: ``num_speculative_tokens`` (``das_trl.vllm.engine``) and the trainer's ``das_num_speculative_tokens``.
+DEFAULT_MAX_SPEC_TOKENS = 16
+
 #: Bound on ``|max_spec_factor|`` and ``|max_spec_offset|`` (draft tokens per matched token / draft tokens).
 _SPEC_LIMIT = 1e4
 
@@ -135,7 +139,7 @@ class DrafterConfig:
     prompt_tail_tokens: int = 32
     max_tree_depth: int = 32
     match_context_tokens: int | None = None
-    max_spec_tokens: int = 16
+    max_spec_tokens: int = DEFAULT_MAX_SPEC_TOKENS
     max_spec_factor: float = 1.0
     max_spec_offset: float = 0.0
     min_token_prob: float = 0.05
