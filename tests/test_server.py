@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from server_utils import SERVER_ARGS, free_port, start, start_das_server, stop
+from server_utils import SERVER_ARGS, free_port, server_mode_trainer, start, start_das_server, stop
 
 pytestmark = [pytest.mark.engine, pytest.mark.trainer]
 
@@ -54,21 +54,11 @@ def test_serve_attaches_and_trl_client_generates_with_drafts(das_server, model_p
 
 
 def test_trainer_server_mode_two_steps(das_server, tmp_path, model_path):
-    from das_trl.defaults.data import load_reasoning_gym_dataset
-    from das_trl.defaults.rewards import DEFAULT_REWARD_FUNCS
-    from das_trl.trainer import DASGRPOConfig, DASGRPOTrainer
     from das_trl.vllm.client import HTTPDASEngine
 
     engine = HTTPDASEngine(das_server)
     engine.reset("all")
-    args = DASGRPOConfig(
-        output_dir=str(tmp_path / "run"), use_vllm=True, vllm_mode="server", vllm_server_base_url=das_server,
-        num_generations=4, per_device_train_batch_size=8, max_completion_length=32, temperature=0.8,
-        learning_rate=1e-5, beta=0.0, max_steps=2, logging_steps=1, save_strategy="no", report_to="none",
-        seed=0, bf16=False, das_num_speculative_tokens=8,
-    )
-    trainer = DASGRPOTrainer(model=model_path, reward_funcs=DEFAULT_REWARD_FUNCS, args=args,
-                             train_dataset=load_reasoning_gym_dataset("gsm_symbolic", size=2, seed=0))
+    trainer = server_mode_trainer(das_server, tmp_path, model_path, max_steps=2)
     assert trainer.vllm_generation.weight_sync == "reload"  # CPU build: weights travel by file + reload
     trainer.train()
     logs = [h for h in trainer.state.log_history if "das/rollout_seconds" in h]

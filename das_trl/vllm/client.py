@@ -90,8 +90,9 @@ class DASEngine:
         """
         config_json = json.dumps(drafter_config) if drafter_config else ""
         replies = self._das_call("das_attach", config_json)
-        layout = replies[0].get("parallel") or {}
-        data_parallel = int(layout.get("data_parallel_size", 1))
+        layout = dict(replies[0].get("parallel") or {})
+        data_parallel = max(int(layout.get("data_parallel_size", 1)), self.data_parallel_size())
+        layout["data_parallel_size"] = data_parallel
         if data_parallel > 1 and layout.get("distributed_executor_backend") != "external_launcher":
             answered = len({reply.get("engine", 0) for reply in replies})
             if answered < data_parallel:
@@ -100,6 +101,12 @@ class DASEngine:
         self.layout = dict(layout)
         self.limits = dict(replies[0].get("limits") or {})
         return replies[0]["stats"]
+
+    def data_parallel_size(self) -> int:
+        """How many data-parallel engines serve behind this client, as the front end knows it (1 here; a server
+        says, :meth:`HTTPDASEngine.data_parallel_size`). The workers of a dense model's data-parallel engines each
+        report 1, so :meth:`attach` takes the larger of the two."""
+        return 1
 
     def detach(self) -> dict[str, Any]:
         """Stop drafting in every worker (history kept); returns the first drafting worker's stats."""
@@ -270,6 +277,7 @@ class HTTPDASEngine(DASEngine):
         self._session = requests.Session()
         # Whether the server has das-trl's all-engines route (POST /das/collective_rpc); None: not asked yet.
         self._all_engines_route: bool | None = None
+        self._data_parallel_size: int | None = None  # the server's, once known
 
     def _post(self, path: str, body: dict[str, Any] | None = None, missing_ok: bool = False) -> Any:
         """POST ``body`` as JSON to ``path``; returns the decoded reply (``None`` for an empty one).
@@ -354,6 +362,8 @@ class HTTPDASEngine(DASEngine):
                 engines = reply.get("engines") if isinstance(reply, dict) else None
                 if not isinstance(engines, list) or not all(isinstance(e, list) for e in engines):
                     raise DASEngineError(f"{self.name}: unexpected {ROUTE} reply {reply!r}")
+                size = reply.get("data_parallel_size")
+                self._data_parallel_size = size if isinstance(size, int) and size >= 1 else len(engines)
                 return [dict(r, engine=rank) if isinstance(r, dict) else r
                         for rank, replies in enumerate(engines) for r in replies]
             self._all_engines_route = False
@@ -361,6 +371,25 @@ class HTTPDASEngine(DASEngine):
         if not isinstance(reply, dict) or "results" not in reply:
             raise DASEngineError(f"{self.name}: unexpected /collective_rpc reply {reply!r}")
         return reply["results"]
+
+    def data_parallel_size(self) -> int:
+        """The server's data-parallel size: from das-trl's route when the server has it, else from vLLM's dev-mode
+        ``GET /server_info?config_format=json`` (the API server's ``parallel_config.data_parallel_size``); 1 when
+        neither answers."""
+        if self._data_parallel_size is None:
+            import requests
+
+            size = 1
+            try:
+                response = self._session.get(f"{self.base_url}/server_info", params={"config_format": "json"},
+                                             timeout=self.timeout)
+                if response.status_code == 200:
+                    parallel = (response.json().get("vllm_config") or {}).get("parallel_config") or {}
+                    size = int(parallel.get("data_parallel_size") or 1)
+            except (requests.exceptions.RequestException, ValueError, AttributeError, TypeError):
+                pass
+            self._data_parallel_size = size
+        return self._data_parallel_size
 
     def reload_weights_from_dir(self, weights_dir: str) -> None:
         """Reload weights in place, on every engine, from a safetensors directory the server can read (same

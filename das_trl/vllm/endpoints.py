@@ -10,8 +10,9 @@ own ``compute_weight_checksums_async`` uses it the same way). So every engine's 
 resets, weight reloads and restores come back and are checked (:class:`das_trl.vllm.client.HTTPDASEngine`).
 
 Request: ``{"method": "das_...", "args": [str, ...], "kwargs": {str: str}, "timeout": seconds or null}``; only the DAS
-worker-extension methods (names starting with ``das_``) are served. Reply: ``{"engines": [[worker reply, ...], ...]}``,
-one list per engine, each holding that engine's worker replies (tensor/pipeline-parallel ranks) in rank order.
+worker-extension methods (names starting with ``das_``) are served. Reply: ``{"engines": [[worker reply, ...], ...],
+"data_parallel_size": N}``: one list per engine, each holding that engine's worker replies (tensor/pipeline-parallel
+ranks) in rank order, and the server's data-parallel size.
 
 Loading: vLLM loads endpoint plugins only when ``VLLM_PLUGINS`` names them (``vllm/plugins/__init__.py``,
 ``load_endpoint_plugins``); ``das-trl serve`` sets it (:func:`plugin_allowlist`). Like ``/collective_rpc``, the route
@@ -104,7 +105,12 @@ async def das_collective_rpc(raw_request: Request):
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
         raise _bad_request(f"timeout must be a positive number of seconds or null, got {timeout!r}")
     replies = await all_engine_rpc(raw_request.app.state.engine_client, method, timeout, tuple(args), kwargs)
-    return JSONResponse(content={"engines": [[_jsonable(r) for r in engine] for engine in replies]})
+    # The API server's own config keeps the data-parallel size; engines of a dense model each see 1 (vLLM runs them
+    # as independent replicas: ParallelConfig.reconfigure_for_independent_dp_rank in EngineCoreProc.run_engine_core).
+    parallel = getattr(getattr(raw_request.app.state, "vllm_config", None), "parallel_config", None)
+    size = getattr(parallel, "data_parallel_size", None)
+    return JSONResponse(content={"engines": [[_jsonable(r) for r in engine] for engine in replies],
+                                 "data_parallel_size": size if isinstance(size, int) else len(replies)})
 
 
 def _dev_mode() -> bool:

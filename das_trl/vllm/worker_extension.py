@@ -137,8 +137,11 @@ def parallel_layout(vllm_config: Any) -> dict[str, Any]:
     """The engine's parallel sizes as a worker sees them (sent with ``das_attach``'s reply).
 
     Returns:
-        ``{"tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size": int,
-        "distributed_executor_backend": str | None}`` (sizes 1 where the config has no parallel section).
+        ``{"tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "data_parallel_index": int,
+        "distributed_executor_backend": str | None}`` (sizes 1 where the config has no parallel section). The engines
+        of a data-parallel server of a dense (non-MoE) model each report ``data_parallel_size`` 1: vLLM runs them as
+        independent replicas (``ParallelConfig.reconfigure_for_independent_dp_rank``, vLLM 0.32); their
+        ``data_parallel_index`` keeps the engine's rank.
     """
     parallel = getattr(vllm_config, "parallel_config", None)
     backend = getattr(parallel, "distributed_executor_backend", None)
@@ -146,6 +149,7 @@ def parallel_layout(vllm_config: Any) -> dict[str, Any]:
         "tensor_parallel_size": int(getattr(parallel, "tensor_parallel_size", 1)),
         "pipeline_parallel_size": int(getattr(parallel, "pipeline_parallel_size", 1)),
         "data_parallel_size": int(getattr(parallel, "data_parallel_size", 1)),
+        "data_parallel_index": int(getattr(parallel, "data_parallel_index", 0) or 0),
         "distributed_executor_backend": backend if backend is None or isinstance(backend, str) else str(backend),
     }
 
