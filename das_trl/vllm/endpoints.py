@@ -14,6 +14,11 @@ worker-extension methods (names starting with ``das_``) are served. Reply: ``{"e
 "data_parallel_size": N}``: one list per engine, each holding that engine's worker replies (tensor/pipeline-parallel
 ranks) in rank order, and the server's data-parallel size.
 
+vLLM's endpoint-plugin contract (``vllm/plugins/endpoint_plugins/interface.py``) asks plugins to reach the engine
+through ``EngineClient`` (e.g. ``collective_rpc``); on a data-parallel server that answers for engine 0 only, so this
+route goes one level down, to the core client's ``call_utility_all_async``, the call vLLM's own all-engines methods
+make. A core client without it (in-process engines) is asked through ``EngineClient.collective_rpc``.
+
 Loading: vLLM loads endpoint plugins only when ``VLLM_PLUGINS`` names them (``vllm/plugins/__init__.py``,
 ``load_endpoint_plugins``); ``das-trl serve`` sets it (:func:`plugin_allowlist`). Like ``/collective_rpc``, the route
 exists only in dev mode (``VLLM_SERVER_DEV_MODE=1``, which ``das-trl serve`` sets).
