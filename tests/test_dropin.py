@@ -107,8 +107,10 @@ def test_stock_script_server_mode(monkeypatch, tmp_path, model_path, stock_data_
     from das_trl.trainer import DASGRPOTrainer
     from das_trl.vllm.client import HTTPDASEngine
 
-    # `das-trl serve`'s default K (16) is also the config's default das_num_speculative_tokens.
-    base_url, process = start_das_server(model_path, num_speculative_tokens=16)
+    # `das-trl serve`'s default K is also the config's default das_num_speculative_tokens.
+    from das_trl.vllm.engine import DEFAULT_NUM_SPECULATIVE_TOKENS
+
+    base_url, process = start_das_server(model_path, num_speculative_tokens=DEFAULT_NUM_SPECULATIVE_TOKENS)
     try:
         trainer = _run_variant(monkeypatch, tmp_path, model_path, stock_data_dir, "server", base_url)
         assert isinstance(trainer, DASGRPOTrainer)

@@ -1,8 +1,9 @@
 """The DAS proposer inside a real CPU vLLM engine with the real packaged model.
 
-Lossless: greedy outputs are token-identical with and without DAS, and returned logprobs match; drafts come from the
-pushed history (vLLM's own spec_decode counters); an unattached proposer drafts nothing and says so; a bad payload is
-rejected while the engine keeps serving.
+Lossless at the default K: greedy outputs are token-identical with and without DAS, and returned logprobs match;
+drafts come from the pushed history (vLLM's own spec_decode counters); an unattached proposer drafts nothing and says
+so; a bad payload is rejected while the engine keeps serving; a step never offers more tokens than the engine's
+``max_num_batched_tokens`` schedules.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import pytest
 
 from engine_utils import make_llm, shutdown
+
+from das_trl.vllm.engine import DEFAULT_NUM_SPECULATIVE_TOKENS as K
 
 pytestmark = pytest.mark.engine
 
@@ -54,7 +57,7 @@ def reference(model_path):
 
 @pytest.fixture(scope="module")
 def das_llm(model_path, reference):
-    llm = make_llm(model_path, das=True, num_speculative_tokens=8)
+    llm = make_llm(model_path, das=True, num_speculative_tokens=K)
     yield llm
     shutdown(llm)
 
@@ -153,7 +156,33 @@ def test_controller_budgets_reach_vllm(das_llm, reference):
     kept = after["budget_kept_tokens"] - before["budget_kept_tokens"]
     assert kept == after["draft_tokens"] - before["draft_tokens"]  # the proposer returned the cut drafts
     verified = counters["num_draft_tokens"] - counters_before["num_draft_tokens"]
-    # Drafts proposed in a request's last step are never scheduled: at most one draft (<= K = 8 tokens) per request.
-    assert kept - 8 * NUM_PROMPTS <= verified <= kept, (offered, kept, verified)
-    assert offered - kept > 8 * NUM_PROMPTS, (offered, kept)  # so had the cut not reached vLLM, this would fail
+    # Drafts proposed in a request's last step are never scheduled: at most one draft (<= K tokens, and shorter than
+    # the output) per request.
+    slack = min(K, MAX_TOKENS) * NUM_PROMPTS
+    assert kept - slack <= verified <= kept, (offered, kept, verified)
+    assert offered - kept > slack, (offered, kept)  # so had the cut not reached vLLM, this would fail
     assert verified > 0 and counters["num_accepted_tokens"] > counters_before["num_accepted_tokens"]
+
+
+def test_steps_never_offer_more_than_max_num_batched_tokens(model_path, reference):
+    """An engine whose scheduler takes 96 tokens a step: the proposer reads the budget from vLLM's config, and no step
+    offers more (rows + draft tokens), although a converged history makes the drafter offer far longer drafts; the
+    outputs stay the reference's."""
+    from das_trl.vllm.client import LocalDASEngine
+
+    budget = 96
+    prompts, ref_tokens, _ = reference
+    llm = make_llm(model_path, das=True, num_speculative_tokens=K, max_num_batched_tokens=budget,
+                   enable_chunked_prefill=True)
+    try:
+        engine = LocalDASEngine(llm)
+        engine.attach()
+        engine.add_history(prompts, ref_tokens)
+        tokens, _ = _generate(llm, prompts)
+        stats = engine.stats()
+    finally:
+        shutdown(llm)
+    assert tokens == ref_tokens
+    assert stats["max_num_batched_tokens"] == budget
+    assert stats["draft_tokens"] > 0 and stats["capped_steps"] > 0  # the cap bound: the drafts were longer
+    assert 0 < stats["peak_step_tokens"] <= budget

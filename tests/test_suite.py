@@ -88,8 +88,9 @@ def test_cache_reuses_cost_independent_results(sets, tmp_path, monkeypatch):
     args = ["--sets", str(sets / "synthetic.jsonl"), "--drafters", "none,suffix,das+controller", "--cache", str(cache),
             "--json", str(tmp_path / "a.json")]
     assert suite.main(args) == 0
-    # das+siblings is replayed (and cached) for the oracle-trim bound
-    assert sorted(p.name.split("-")[2] for p in cache.glob("*.json")) == ["das+siblings", "none", "suffix"]
+    # das+siblings twice: the bound of the drafter's own cap and of the K-16 drafts (oracle-trim@16)
+    assert sorted(p.name.split("-")[2] for p in cache.glob("*.json")) == ["das+siblings", "das+siblings", "none",
+                                                                          "suffix"]
     calls = []
     real = suite.simulate
     monkeypatch.setattr(suite, "simulate", lambda d, *a, **k: calls.append(d.name) or real(d, *a, **k))

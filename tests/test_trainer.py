@@ -124,10 +124,20 @@ def test_two_grpo_steps_draft_from_history_and_sync_weights(tmp_path, model_path
 def test_plain_grpo_config_gets_das_defaults(tmp_path):
     from trl import GRPOConfig
 
-    from das_trl.trainer.config import das_settings
+    from das_trl.drafter import DrafterConfig
+    from das_trl.trainer.config import DASGRPOConfig, das_settings, drafter_config_fields
 
     settings = das_settings(GRPOConfig(output_dir=str(tmp_path), report_to="none", bf16=False))
-    assert settings["enabled"] is True and settings["num_speculative_tokens"] == 16 and settings["window"] == 16
+    assert settings["enabled"] is True and settings["num_speculative_tokens"] == 64 and settings["window"] == 16
+    # The trainer's drafter is the replay suite's default one (das+controller): same K and drafter settings.
+    for args in (GRPOConfig(output_dir=str(tmp_path), report_to="none", bf16=False),
+                 DASGRPOConfig(output_dir=str(tmp_path), report_to="none", bf16=False)):
+        fields = drafter_config_fields(das_settings(args))
+        fields.pop("budget_controller")
+        ours = DrafterConfig(**fields).to_dict()
+        default = DrafterConfig().to_dict()
+        assert {k: ours[k] for k in default if k not in ("builder_threads", "draft_threads")} == \
+            {k: v for k, v in default.items() if k not in ("builder_threads", "draft_threads")}
 
 
 def test_server_down_is_a_clear_error_at_start(tmp_path, model_path):

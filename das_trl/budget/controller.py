@@ -604,6 +604,13 @@ class BudgetController:
         """Completion lengths (tokens) of one appearance of a problem (call on every history push)."""
         self.lengths.observe(problem_key, lengths)
 
+    def history_pushed(self) -> None:
+        """New history arrived: the next step recomputes its plan (the quiet backoff starts over), since what the
+        drafter can offer changed."""
+        self._replan_interval = self.config.replan_steps
+        self._silent_replans = 0
+        self._since_plan = self._replan_interval  # due at the next step
+
     def observe_step(self, tokens: int, ms: float) -> None:
         """One engine step's tokens and duration (ms), for ``cost_source="online"``."""
         self.fit.add(tokens, ms)

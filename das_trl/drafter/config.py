@@ -15,7 +15,7 @@ LIVE_TREE_BYTES_PER_TOKEN = 400
 
 #: The default hard cap K of draft tokens per request per round: the drafter's ``max_spec_tokens``, the engine's
 #: ``num_speculative_tokens`` (``das_trl.vllm.engine``) and the trainer's ``das_num_speculative_tokens``.
-DEFAULT_MAX_SPEC_TOKENS = 16
+DEFAULT_MAX_SPEC_TOKENS = 64
 
 #: Bound on ``|max_spec_factor|`` and ``|max_spec_offset|`` (draft tokens per matched token / draft tokens).
 _SPEC_LIMIT = 1e4
@@ -53,8 +53,10 @@ class DrafterConfig:
         max_spec_offset: see ``max_spec_factor``; in [-1e4, 1e4].
         min_token_prob: a chain draft stops at the first token whose estimated acceptance
             probability (evidence-adjusted, calibrated) is below this; arctic also drops
-            tree continuations whose raw probability is below it. Defaults (factor 1.0,
-            0.05) chosen by replay with calibration on (docs/benchmarks.md).
+            tree continuations whose raw probability is below it. Defaults (K 64, factor 2.0,
+            0.1, ``max_tree_depth`` 64) chosen by the replay suite on every recorded set, with the
+            position-aware calibration on; the budget controller then keeps, per row, the part of
+            each draft that pays (benchmarks/NOTES.md).
         min_match_len: candidates matching fewer context tokens are discarded.
 
     Sources (each can be switched off):
@@ -137,12 +139,12 @@ class DrafterConfig:
     history_token_budget: int = 8_000_000
     recent_appearance_weight: int = 1
     prompt_tail_tokens: int = 32
-    max_tree_depth: int = 32
+    max_tree_depth: int = 64
     match_context_tokens: int | None = None
     max_spec_tokens: int = DEFAULT_MAX_SPEC_TOKENS
-    max_spec_factor: float = 1.0
+    max_spec_factor: float = 2.0
     max_spec_offset: float = 0.0
-    min_token_prob: float = 0.05
+    min_token_prob: float = 0.1
     min_match_len: int = 1
     use_problem_tree: bool = True
     use_global_tree: bool = True

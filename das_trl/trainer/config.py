@@ -14,10 +14,17 @@ from typing import Any
 from trl import GRPOConfig
 
 from das_trl.budget import LENGTH_POLICY_REMOVED, ControllerConfig
-from das_trl.vllm.engine import check_num_speculative_tokens
+from das_trl.drafter.config import DrafterConfig
+from das_trl.vllm.engine import DEFAULT_NUM_SPECULATIVE_TOKENS, check_num_speculative_tokens
 from das_trl.vllm.engine_check import check_engine_settings
 
 _WEIGHT_SYNC_MODES = ("auto", "nccl", "inplace", "reload")
+
+
+def _drafter_default(name: str) -> Any:
+    """The drafter's own default of a setting the trainer exposes (one source: what the replay suite's default
+    ``das+controller`` runs is what the trainer runs)."""
+    return DrafterConfig.__dataclass_fields__[name].default
 
 #: Environment variable with a JSON object used as ``das_vllm_kwargs`` when the config leaves it unset (e.g. to run an
 #: unchanged script on a CPU machine: ``DAS_TRL_VLLM_KWARGS='{"enforce_eager": true}'``).
@@ -34,14 +41,16 @@ class DASGRPOConfig(GRPOConfig):
                           "speculation (for A/B runs)."},
     )
     das_num_speculative_tokens: int = field(
-        default=16,
+        default=DEFAULT_NUM_SPECULATIVE_TOKENS,
         metadata={"help": "K: most draft tokens per request per verification round (vLLM num_speculative_tokens), "
-                          "1 to 64 (the native drafter core's cap; vLLM's own is 128). The paper's long-tier budget "
-                          "is about 16. The colocated engine gets K tokens of model length past "
-                          "vllm_max_model_length and a max_num_batched_tokens that fits K (docs/gpu.md)."},
+                          "1 to 64 (the native drafter core's cap; vLLM's own is 128). The budget controller decides "
+                          "per row and step how many of them to verify: long drafts for the rows that set the "
+                          "makespan where they hold, none where they do not pay. The colocated engine gets K tokens "
+                          "of model length past vllm_max_model_length and a max_num_batched_tokens that fits K "
+                          "(docs/gpu.md)."},
     )
     das_window: int = field(
-        default=16,
+        default=_drafter_default("window"),
         metadata={"help": "History window: completions of the last W appearances of each problem are kept "
                           "(the sliding window tracks policy drift; DAS paper Sec. 4.1)."},
     )
@@ -62,20 +71,21 @@ class DASGRPOConfig(GRPOConfig):
                           "default 2M is about 1.6 GB at most."},
     )
     das_max_spec_factor: float = field(
-        default=1.0,
+        default=_drafter_default("max_spec_factor"),
         metadata={"help": "A draft is at most this factor times the length of the matched suffix (arctic's "
                           "max_spec_factor): short matches give short drafts."},
     )
     das_min_token_prob: float = field(
-        default=0.05,
+        default=_drafter_default("min_token_prob"),
         metadata={"help": "Stop a draft at the first token whose estimated acceptance probability (evidence-"
                           "weighted, calibrated by verification outcomes) falls below this."},
     )
     das_calibrate_acceptance: bool = field(
         default=True,
         metadata={"help": "Learn, from every verified draft, how often each source's drafts are really accepted "
-                          "(per source, match length and estimate) and correct the drafter's estimates with it: "
-                          "fewer wasted verification tokens, longer drafts where they pay (docs/benchmarks.md)."},
+                          "(per source, match length, draft position and estimate) and correct the drafter's "
+                          "estimates with it: fewer wasted verification tokens, longer drafts where they pay "
+                          "(docs/concepts.md)."},
     )
     das_budget_controller: dict | str | None = field(
         default=None,

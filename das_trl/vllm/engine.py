@@ -19,10 +19,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from das_trl.drafter.config import DEFAULT_MAX_SPEC_TOKENS
 from das_trl.vllm.worker_extension import PROPOSER_QUALNAME, WORKER_EXTENSION_QUALNAME
 
-# vLLM schedules at most this many draft tokens per request per round; the length-aware budget works below it.
-DEFAULT_NUM_SPECULATIVE_TOKENS = 16
+# vLLM schedules at most this many draft tokens per request per round (the drafter's default cap); the budget
+# controller decides per row how many of them each step verifies.
+DEFAULT_NUM_SPECULATIVE_TOKENS = DEFAULT_MAX_SPEC_TOKENS
 
 #: vLLM's rejection sampler verifies at most this many draft tokens per request per round
 #: (``vllm/v1/sample/rejection_sampler.py`` ``MAX_SPEC_LEN``, vLLM 0.32 and 0.33).

@@ -177,6 +177,7 @@ class DASProposer:
             lengths.setdefault(key, []).append(len(comp))
         for key, lens in lengths.items():
             self.controller.observe(key, lens)
+        self.speculator.new_history()
         return added
 
     def detach(self) -> None:
@@ -325,6 +326,7 @@ class DASProposer:
         drafted: the controller's plan found they could pay), ``silent_steps`` (steps in which no row was drafted),
         ``quiet_steps`` (silent steps that also skipped the plan: nothing paid at the last one),
         ``capped_steps`` (steps whose kept drafts were cut to the engine's ``max_num_batched_tokens``),
+        ``peak_step_tokens`` (the most tokens one step offered the engine: its rows plus their draft tokens),
         ``max_num_batched_tokens`` (the engine's token budget per step, draft tokens included), ``budget_*``: the
         budget controller's diagnostics (:meth:`BudgetController.stats` prefixed), ``budget_counters`` (which ``budget_*`` keys are cumulative), ``num_speculative_tokens``, ``history_problems``,
         ``history_appearances``, ``history_sequences``, ``history_tokens``, ``history_bytes`` (approximate),
@@ -341,7 +343,7 @@ class DASProposer:
         spec = self.speculator.counters
         out.update({k: spec[k] for k in ("request_rounds", "drafts", "draft_tokens", "verified_drafts",
                                          "accepted_tokens", "speculated_rows", "silent_steps", "quiet_steps",
-                                         "capped_steps")})
+                                         "capped_steps", "peak_step_tokens")})
         # The controller's diagnostics, by prefix; `budget_counters` names the cumulative ones (the trainer logs
         # their per-step differences and the rest as they are).
         out.update({f"budget_{k}": v for k, v in self.controller.stats().items()})

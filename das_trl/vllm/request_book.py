@@ -32,6 +32,15 @@ OUTCOME_DECAY = 0.8
 GLOBAL_DECAY = 0.99
 
 
+def _forget(book: Any, factor: float) -> None:
+    """Scale a book's engine-wide records (numpy or native: the same four attributes) by ``factor``."""
+    f = float(factor)
+    if not 0.0 <= f <= 1.0:
+        raise ValueError(f"request book: forget factor must be in [0, 1], got {factor!r}")
+    for name in ("global_hits", "global_misses", "global_speculated", "global_sent_steps"):
+        setattr(book, name, f * getattr(book, name))
+
+
 def _check_send_rounds(send_rounds: float) -> None:
     if not (math.isfinite(float(send_rounds)) and float(send_rounds) >= 0.0):
         raise ValueError(f"request book: send_rounds must be a finite number >= 0, got {send_rounds!r}")
@@ -120,6 +129,12 @@ class RequestBook:
         """A step that skipped the plan: only the engine-wide outcomes fade."""
         self.global_hits *= GLOBAL_DECAY
         self.global_misses *= GLOBAL_DECAY
+
+    def forget(self, factor: float) -> None:
+        """Multiply the engine-wide records (acceptance outcomes, send rate) by ``factor`` in ``[0, 1]``: after a
+        history push, drafting evidence gathered before it (drafts rejected, rows that found nothing to draft) says
+        less about the drafts to come (see :meth:`~das_trl.vllm.speculator.Speculator.new_history`)."""
+        _forget(self, factor)
 
     def prepare(self, slots: np.ndarray, num_sampled: np.ndarray, verified: np.ndarray, num_tokens: np.ndarray,
                 num_prompt: np.ndarray, max_model_len: int, k: int) -> tuple[PlanInputs, Observed]:
@@ -264,6 +279,10 @@ class NativeRequestBook:
 
     def decay(self) -> None:
         self._book.decay()
+
+    def forget(self, factor: float) -> None:
+        """As :meth:`RequestBook.forget`."""
+        _forget(self._book, factor)
 
     def prepare(self, slots: np.ndarray, num_sampled: np.ndarray, verified: np.ndarray, num_tokens: np.ndarray,
                 num_prompt: np.ndarray, max_model_len: int, k: int) -> tuple[PlanInputs, Observed]:

@@ -91,7 +91,8 @@ class Speculator:
         self._views_key: tuple[int, int] | None = None  # (rows, K) of self._views
         self._no_rows = (np.zeros(0, np.int32), np.zeros(0, np.float64))
         self.counters = dict(steps=0, request_rounds=0, speculated_rows=0, silent_steps=0, quiet_steps=0, drafts=0,
-                             draft_tokens=0, verified_drafts=0, accepted_tokens=0, capped_steps=0)
+                             draft_tokens=0, verified_drafts=0, accepted_tokens=0, capped_steps=0,
+                             peak_step_tokens=0)
 
     def set_controller(self, controller: BudgetController) -> None:
         """Use another budget controller from the next step on (tracked requests keep their records)."""
@@ -141,6 +142,17 @@ class Speculator:
             self._free.append(slot)
             self.drafter.stop_request(req_id)
             self._last_ids = None
+
+    def new_history(self, decay: float | None = None) -> None:
+        """A history push happened (a GRPO step's rollouts entered the drafter): what the gate learned engine-wide
+        before it (drafts rejected, planned rows that found nothing to draft, e.g. a first step without history)
+        says less about the drafts to come, so those records fade by ``decay`` (default: the drafter's
+        ``calibration_step_decay``, as its calibration fades per push), and the plan runs at the next step instead of
+        waiting out a quiet backoff."""
+        if decay is None:
+            decay = getattr(self.drafter.config, "calibration_step_decay", 0.5)
+        self._book.forget(decay)
+        self.controller.history_pushed()
 
     def tracked(self) -> list[str]:
         """Ids of the tracked requests (a new list)."""
@@ -249,6 +261,8 @@ class Speculator:
         c["silent_steps"] += int(not planned)
         c["drafts"] += drafts
         c["draft_tokens"] += draft_tokens
+        if n + draft_tokens > c["peak_step_tokens"]:  # the most tokens a step offered the engine (rows + drafts)
+            c["peak_step_tokens"] = n + draft_tokens
         return out
 
     def _fit_step(self, out: DraftBatch, drafting: np.ndarray, kept: np.ndarray, expected_kept: np.ndarray,

@@ -172,7 +172,7 @@ def test_background_ingest_changes_nothing(seed, hold):
         return [a, b]
 
     eng = Engine([bg, sync], seed)
-    eng.run(160, on_step)
+    eng.run(200, on_step)
     assert seen["zero"] > 40 and seen["drafting"] > 40
     assert eng.preempted >= 3 and eng.count > 20
     sa, sb = bg.stats(), sync.stats()
@@ -209,7 +209,7 @@ def test_defer_idle_rows_is_deterministic_and_loses_no_token(seed):
         return [x, y, z]
 
     eng = Engine([a, b, sync, silent_only], seed)
-    eng.run(160, on_step)
+    eng.run(200, on_step)
     assert agree[1] > 100 and agree[0] >= 0.8 * agree[1], agree
     sa, sb, sc = a.stats(), b.stats(), sync.stats()
     # the drafting steps with idle rows deferred too

@@ -359,7 +359,7 @@ def test_largest_allowed_spec_factor_still_drafts(rng):
 def test_bad_calls_raise_clear_errors_and_change_nothing(rng, backend):
     from das_trl.drafter import DrafterConfig, create_drafter
 
-    d = create_drafter(DrafterConfig(backend=backend, support_table_bits=16))
+    d = create_drafter(DrafterConfig(backend=backend, max_spec_tokens=16, support_table_bits=16))  # the cap below
     prompt, comp = rand_seq(rng, 40), rand_seq(rng, 200)
     d.add_rollouts([prompt] * 4, [comp] * 4)
     d.start_request("r", prompt)

@@ -12,7 +12,8 @@ plan, draft, cut), the object ``das_trl/vllm/proposer.py`` calls once per engine
   ``finish`` at the step after (the proposer's "requests left" path). After the last forward pass the proposer runs
   once more for the last finishers (:meth:`drain`);
 * history pushes: the drafter's ``add_rollouts`` plus the controller's ``observe`` per problem
-  (``DASProposer.add_history``; built synchronously here, as a GRPO push is between generations).
+  (``DASProposer.add_history``, with the Speculator's ``new_history``; built synchronously here, as a GRPO push is
+  between generations).
 
 Timed: ``start`` / ``step`` / ``finish`` (:mod:`.base`); the deferred ingest (every row of a step where nothing was
 drafted, the rows without a budget of a drafting step) is background work, collected after each step
@@ -58,13 +59,15 @@ class DASControllerDrafter(DASReplayDrafter):
         self.max_output = max(capped) if capped else None
 
     def end_step(self, records):
-        # DASProposer.add_history: the drafter's add_rollouts (via DASReplayDrafter) + the controller's observe.
+        # DASProposer.add_history: the drafter's add_rollouts (via DASReplayDrafter), the controller's observe and
+        # the Speculator's new_history.
         super().end_step(records)
         lens: dict[int, list[int]] = defaultdict(list)
         for r in records:
             lens[r.problem_key].append(len(r.completion_ids))
         for key, ls in lens.items():
             self.controller.observe(key, ls)
+        self.speculator.new_history()
         self._longest = max([self._longest] + [len(r.prompt_ids) + len(r.completion_ids) for r in records])
 
     def begin(self, request_ids, records):

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from das_trl.vllm.engine import DEFAULT_NUM_SPECULATIVE_TOKENS
+
 #: The drafters the live A/B can run, each as vLLM runs it (:func:`~das_trl.bench.live.engine.speculative_kwargs`).
 DRAFTERS = ("none", "ngram", "suffix", "das")
 
@@ -23,7 +25,7 @@ class LiveConfig:
     greedy: bool = False
     history: str | None = None
     warm_epochs: int = 1
-    num_speculative_tokens: int = 16
+    num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS
     das_config: dict[str, Any] | None = None
     seed: int = 0
     dtype: str = "float32"
