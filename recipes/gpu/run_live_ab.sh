@@ -4,7 +4,7 @@
 # The machine needs no package registry: every wheel comes from the folder this script sits in (or $DAS_TRL_WHEELS),
 # built with build_wheelhouse.sh on a machine that has one. Results go to $OUT (default: ./live-ab-results).
 #
-#   bash run_live_ab.sh                 # 128 prompts x 8 samples, 1024 max tokens, T=0.8, K=16
+#   bash run_live_ab.sh                 # 128 prompts x 8 samples, 1024 max tokens, T=0.8, K=64 (the default)
 #   PROMPTS=16 SAMPLES=4 bash run_live_ab.sh
 #
 # Environment: OUT, DAS_TRL_WHEELS, PYTHON (default python3.11, then python3), DAS_TRL_VENV (an existing environment
@@ -53,7 +53,7 @@ if (( REMAIN < 120 )); then say "only ${REMAIN}s left of ${BUDGET_S}s after setu
 # The bench stops its current batch and skips later drafters past --time-limit (still writing its JSON); the outer
 # timeout is the hard guard.
 ARGS=(--model "$MODEL" --prompts "${PROMPTS:-128}" --samples "${SAMPLES:-8}" --max-tokens "${MAX_TOKENS:-1024}"
-      --temperature "${TEMPERATURE:-0.8}" --warm-epochs "${WARM_EPOCHS:-1}" --num-speculative-tokens "${K:-16}"
+      --temperature "${TEMPERATURE:-0.8}" --warm-epochs "${WARM_EPOCHS:-1}" --num-speculative-tokens "${K:-64}"
       --drafters "${DRAFTERS:-none,ngram,suffix,das}" --dtype "${DTYPE:-bfloat16}" --max-model-len 2048
       --max-num-seqs "${MAX_NUM_SEQS:-1024}" --gpu-memory-utilization "${GPU_MEM:-0.85}"
       --enforce-eager "${EAGER:-yes}" --time-limit $(( REMAIN - 30 )) --out "$OUT")
