@@ -400,6 +400,42 @@ def gate_rows(weight_ms: np.ndarray, q: np.ndarray, caps: np.ndarray, c_tok_ms: 
     return out
 
 
+#: The fewest draft tokens :func:`draft_caps` gives a drafted row (the native kMinDraftCap).
+MIN_DRAFT_CAP = 4
+
+
+def draft_caps(weight_ms: np.ndarray, q: np.ndarray, caps: np.ndarray, c_tok_ms: float, ratio: float = 1.0,
+               draft_margin: float = 0.0) -> np.ndarray:
+    """How many tokens to draft for rows the gate drafts, before drafting: a row's per-token value of progress is
+    at most ``weight + c_tok`` (its cost per token without a draft), so a draft position whose estimate (after the
+    cut's ``acceptance_ratio`` correction) is below ``floor = c_tok (1 + margin) / (ratio' (weight + c_tok))``, with
+    ``ratio' = max(ratio, 1)``, can never pay; a draft of per-token acceptance ``q`` stays above it for
+    ``log(floor) / log(q)`` positions, and drafts vary around the row's average, so the cap allows twice that:
+    ``ceil(2 log(floor) / log(q))``, at least :data:`MIN_DRAFT_CAP`, at most ``caps``. In a large batch (small
+    weights) rows draft a few tokens; the rows likely to set the makespan draft up to their hard cap. Drafting
+    cost grows with the length walked in each source, on the engine's critical path.
+
+    Args:
+        weight_ms / q: ``float64 [n]`` as :func:`gate_rows`.
+        caps: ``int [n]`` hard caps (above :data:`MAX_CAP`: that).
+        c_tok_ms / ratio / draft_margin: ms per verified token, :attr:`BudgetController.acceptance_ratio`,
+            ``ControllerConfig.draft_margin``.
+
+    Returns:
+        ``int32 [n]``, each in ``[min(caps, MIN_DRAFT_CAP), caps]``.
+    """
+    caps = np.minimum(np.asarray(caps).astype(np.int64), MAX_CAP)
+    qi = np.minimum(np.maximum(np.asarray(q, dtype=np.float64), 0.0), 0.999)
+    floor = c_tok_ms * (1.0 + draft_margin) / ((np.asarray(weight_ms, dtype=np.float64) + c_tok_ms) * max(ratio, 1.0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        reach = 2.0 * np.log(floor) / np.log(qi)
+    ok = (floor < 1.0) & (qi > 0.0)
+    out = np.where(ok & ~(reach < caps), caps,
+                   np.minimum(caps, np.maximum(MIN_DRAFT_CAP, np.ceil(np.where(ok, reach, 0.0)))))
+    out = np.where(ok, out, np.minimum(caps, MIN_DRAFT_CAP))
+    return out.astype(np.int32)
+
+
 _ARANGE_1: dict[int, np.ndarray] = {}
 
 
@@ -522,6 +558,8 @@ class StepPlan:
         problem_keys / generated / max_remaining: the rows' inputs (``int64`` / ``float64 [n]``; ``max_remaining``
             ``None`` when uncapped), kept for :meth:`BudgetController.cut`.
         replanned: whether the tail probabilities were recomputed this step.
+        budget: ``int32 [n]`` how many tokens to draft per row (:func:`draft_caps` for the drafted rows, 0 for the
+            others); ``None``: the hard caps of the drafted rows.
     """
 
     draft: np.ndarray
@@ -530,6 +568,7 @@ class StepPlan:
     generated: np.ndarray
     max_remaining: np.ndarray | None
     replanned: bool = False
+    budget: np.ndarray | None = None
 
 
 class BudgetController:
@@ -788,9 +827,10 @@ class BudgetController:
         kernel = self._kernels.get("controller_plan", _UNSET)
         if kernel is _UNSET:
             kernel = self._native_kernel("controller_plan")
+        ratio = self.acceptance_ratio  # the cut's correction, as of this step (draft_caps allows for it)
         if kernel is not None:
-            draft, weight, p, drafted, tails = self._plan_native(kernel, keys, out_len, r, mo, caps_arr, q, sl, replan,
-                                                                 cost, snd)
+            draft, weight, p, drafted, tails, budget = self._plan_native(kernel, keys, out_len, r, mo, caps_arr, q, sl,
+                                                                         replan, cost, snd, ratio)
         else:
             # (the native kernel checks these itself, in its loop over the rows; NaN fails every comparison: a NaN
             # acceptance was silently never drafted, one above 1 counted as 0.999)
@@ -827,9 +867,11 @@ class BudgetController:
             row_ms = cfg.draft_row_us / 1000.0
             if snd is not None:  # the row's CPU per draft that survives the cut
                 row_ms = row_ms / np.maximum(snd, _MIN_SEND)
-            draft = gate_rows(weight, self._prior[:n] if q is None else q,
-                              self._caps16[:n] if caps_arr is None else caps_arr, cost.c_tok_ms, row_ms,
-                              cfg.draft_margin)
+            qq = self._prior[:n] if q is None else q
+            cc = self._caps16[:n] if caps_arr is None else caps_arr
+            draft = gate_rows(weight, qq, cc, cost.c_tok_ms, row_ms, cfg.draft_margin)
+            budget = np.where(draft, draft_caps(weight, qq, cc, cost.c_tok_ms, ratio, cfg.draft_margin),
+                              0).astype(np.int32)
             drafted = int(np.count_nonzero(draft))
             tails = int(np.count_nonzero(p >= 0.5))
         # Only now (a rejected call changed nothing): the acceptance record fades once per step.
@@ -858,15 +900,16 @@ class BudgetController:
         c["tail_rows"] += tails
         self._rows_seen_epoch = self._epoch if sl is not None else -1  # every row is now a request this epoch saw
         self.last_tail_prob = p
-        return StepPlan(draft, weight, keys, out_len, cap, replan)
+        return StepPlan(draft, weight, keys, out_len, cap, replan, budget)
 
     def _plan_native(self, kernel, keys: np.ndarray, out_len: np.ndarray, r: np.ndarray | None,
                      mo: np.ndarray | None, caps: np.ndarray | None, q: np.ndarray | None, sl: np.ndarray | None,
-                     replan: bool, cost: CostModel, send: np.ndarray | None = None
-                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
+                     replan: bool, cost: CostModel, send: np.ndarray | None = None, ratio: float = 1.0
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int, np.ndarray]:
         """:meth:`plan` after its replan decision in one native call (``controller_plan``: tail probabilities or the
-        stored ones renormalised, the shrink, weights and :func:`gate_rows`; same arithmetic as the numpy path, so
-        results agree up to the rounding of exp / log / pow). Returns ``(draft, weight, p, drafted, tail rows)``."""
+        stored ones renormalised, the shrink, weights, :func:`gate_rows` and :func:`draft_caps`; same arithmetic as
+        the numpy path, so results agree up to the rounding of exp / log / pow). Returns ``(draft, weight, p,
+        drafted, tail rows, budget)``."""
         n = len(keys)  # plan() grew the sliced buffers to n already
         if caps is None:
             caps = self._caps16_i32[:n]
@@ -880,18 +923,19 @@ class BudgetController:
         else:
             table, pooled, rem_mean = self._no_table, empty, self._scratch_f64[0, :n]
         params = self._plan_params
+        params["ratio"] = ratio
         if self._online:
             params["c_base_ms"], params["c_tok_ms"] = cost.c_base_ms, cost.c_tok_ms
-        draft, weight, p = np.empty(n, bool), np.empty(n), np.empty(n)
+        draft, weight, p, budget = np.empty(n, bool), np.empty(n), np.empty(n), np.empty(n, np.int32)
         makespan, drafted, tails = kernel(
             out_len, empty if r is None else r, empty if mo is None else mo, caps, self._prior[:n] if q is None else q,
             replan, table, pooled, self._shared_draws, self._no_i64 if sl is None else sl, self._slot_p,
             self._slot_epoch, self._epoch + 1, self._tau_z, empty if send is None else send, params, draft, weight, p,
-            rem_mean)
+            rem_mean, budget)
         if replan:
             self.last_expected_remaining = rem_mean
             self.last_expected_makespan = float(makespan)
-        return draft, weight, p, drafted, tails
+        return draft, weight, p, drafted, tails, budget
 
     def quiet_step(self, slots: np.ndarray, same_rows: bool = False) -> bool:
         """Whether this engine step may skip :meth:`plan` and draft nothing, because nothing paid at the last plan

@@ -125,11 +125,13 @@ class DrafterConfig:
             issue 16). False: drafting steps ingest every row first (drafts identical to ``background_ingest=False``).
 
     Calibration from verification outcomes (``reference/calibration.py``):
-        calibrate_acceptance: scale each a_i by the observed/predicted acceptance ratio of its
-            (source, match-length bucket, a_i bin) cell, learned from the verified drafts the engine reports through
-            ``DASDrafter.record_acceptance``. Without reports nothing changes.
-        calibration_pseudocount: s, pseudo-observations at ratio 1 per cell (larger: slower to
-            move away from the evidence model).
+        calibrate_acceptance: scale each token's conditional estimate (given the tokens before it) by the
+            observed/predicted acceptance ratio of its (source, match-length bucket, draft-position bucket,
+            estimate bin) cell, learned from the verified drafts the engine reports through
+            ``DASDrafter.record_acceptance``; the draft's estimates are their running products
+            (``reference/calibration.py``). Without reports nothing changes.
+        calibration_pseudocount: s, pseudo-observations per cell at its (source, position) pooled ratio
+            (larger: slower to move away from the pooled correction and the evidence model).
         calibration_step_decay: the calibration counts are multiplied by this at every
             ``add_rollouts`` (one GRPO step), so a source the drafter stopped drafting from
             is tried again after a few steps and the correction follows the policy.

@@ -103,7 +103,7 @@ def default_max_num_batched_tokens(num_speculative_tokens: int, max_num_seqs: in
     raised to a floor and capped at :data:`MAX_DEFAULT_BATCHED_TOKENS` (16384):
 
     - GPU builds: floor 8192 (:data:`VLLM_GUIDANCE_BATCHED_TOKENS`: vLLM warns below it with speculation on; TRL's
-      colocate value 4096 holds about 240 rows drafting K = 16). Above the cap the budget controller's per-step
+      colocate value 4096 holds 63 rows drafting K = 64). Above the cap the budget controller's per-step
       token limit (the same setting) decides which rows draft: in a large batch most rows do not pay for a draft.
     - CPU builds: floor 4096 (:data:`TRL_COLOCATE_BATCHED_TOKENS`), so CPU engines keep TRL's value and the CPU
       figures stay as they were (a CPU forward pass costs in proportion to its tokens anyway).

@@ -81,7 +81,7 @@ def test_native_plan_equals_the_numpy_reference_over_steps(c_tok):
     shrink, the weights and the gate in one call) against the numpy path, over a drifting batch: requests join and
     leave, some steps recompute and others renormalise the stored probabilities."""
     rng = np.random.default_rng(int(c_tok * 1000) + 7)
-    rows = same = replans = 0
+    rows = same = replans = same_caps = drafted_rows = 0
     for trial in range(6):
         cfg = dict(c_tok_ms=c_tok, draft_row_us=float(rng.choice([0.0, 20.0])), replan_steps=4, always_plan_rows=4,
                    tail_prior_weight=float(rng.choice([0.0, 0.25])), draft_margin=float(rng.choice([0.0, 0.5])),
@@ -120,6 +120,9 @@ def test_native_plan_equals_the_numpy_reference_over_steps(c_tok):
             np.testing.assert_allclose(nat.last_tail_prob, ref.last_tail_prob, rtol=1e-9, atol=1e-12)
             rows += len(slots)
             same += int((got[0].draft == got[1].draft).sum())
+            both = got[0].draft & got[1].draft  # the per-row draft caps agree where both drafted
+            same_caps += int((got[0].budget[both] == got[1].budget[both]).sum())
+            drafted_rows += int(both.sum())
         np.testing.assert_allclose(nat.last_expected_remaining, ref.last_expected_remaining, rtol=1e-12)
         assert nat.last_expected_makespan == pytest.approx(ref.last_expected_makespan, rel=1e-12)
         for key in ("steps", "rows", "replans", "silent_steps"):
@@ -127,6 +130,7 @@ def test_native_plan_equals_the_numpy_reference_over_steps(c_tok):
     assert 0 < replans < rows
     # Only a near-tie of the gate's inequality may go the other way (pow's rounding); none did in development.
     assert same >= 0.999 * rows, (same, rows)
+    assert drafted_rows > 0 and same_caps >= 0.999 * drafted_rows, (same_caps, drafted_rows)
 
 
 def test_plan_kernel_rejects_bad_slots_and_shapes():
@@ -136,7 +140,7 @@ def test_plan_kernel_rejects_bad_slots_and_shapes():
     args = lambda slots, slot_p, replan=False, caps=np.ones(n, np.int32): (  # noqa: E731
         np.ones(n), f64, f64, caps, np.full(n, 0.5), replan, np.zeros((0, 1)), f64, np.full((4, 1, 8), 0.5), slots,
         slot_p, np.zeros(len(slot_p), np.int64), 1, f64, f64, {}, np.empty(n, bool), np.empty(n), np.empty(n),
-        np.empty(n))
+        np.empty(n), np.empty(n, np.int32))
     with pytest.raises(ValueError, match=r"slot 5 outside \[0, 4\)"):
         kernel(*args(np.array([0, 1, 5]), np.zeros(4)))
     with pytest.raises(ValueError, match="without slots every step must replan"):
@@ -157,15 +161,18 @@ def test_plan_kernel_outputs_must_be_the_callers_buffers_and_inputs_numbers():
                 pooled=np.linspace(50, 400, 40), draws=np.full((4, 1, 8), 0.5), slots=np.arange(n),
                 slot_p=np.zeros(8), slot_epoch=np.full(8, -1, np.int64), epoch=1, tau_z=np.zeros(0),
                 send=np.zeros(0), params={},
-                draft=np.zeros(n, bool), weight=np.empty(n), p=np.empty(n), rem_mean=np.empty(n))
+                draft=np.zeros(n, bool), weight=np.empty(n), p=np.empty(n), rem_mean=np.empty(n),
+                budget=np.zeros(n, np.int32))
     for name, bad in (("draft", np.zeros(2 * n, bool)[::2]), ("draft", np.zeros(n, np.int8)),
-                      ("p", np.empty(n, np.float32)), ("slot_epoch", np.full(8, -1, np.int32))):
+                      ("p", np.empty(n, np.float32)), ("slot_epoch", np.full(8, -1, np.int32)),
+                      ("budget", np.zeros(n, np.int64))):
         with pytest.raises(TypeError):
             kernel(**{**base, name: bad})
     with pytest.raises(ValueError, match="row 2 has out_len nan"):
         kernel(**{**base, "out_len": np.array([0.0, 1.0, np.nan, 3.0])})
     _, drafted, _ = kernel(**base)
     assert drafted == int(base["draft"].sum()) > 0  # written in place
+    assert ((base["budget"] > 0) == base["draft"]).all() and base["budget"].max() <= 8
 
 
 @pytest.mark.parametrize("backend", ["native", "python"])

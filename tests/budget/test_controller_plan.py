@@ -292,3 +292,30 @@ def test_a_row_that_rarely_sends_pays_its_cpu_per_draft_sent(backend):
     rarely = ctl.plan(*args, send=np.full(n, 0.1)).draft
     assert always.sum() > rarely.sum() and not (rarely & ~always).any()
     assert (ctl.plan(*args, send=np.ones(n)).draft == always).all()
+
+
+def test_draft_caps_follow_the_row_s_value_and_acceptance():
+    """A row of a large batch (small weight) drafts a few tokens, the row likely to finish last (weight ~ c_base)
+    up to its hard cap; lower acceptance, a dearer token or a cap below the minimum shorten it."""
+    from das_trl.budget.controller import MIN_DRAFT_CAP, draft_caps
+
+    caps = np.full(6, 64)
+    w = np.array([0.01, 0.05, 7.0, 7.0, 0.05, 0.05])
+    q = np.array([0.6, 0.6, 0.6, 0.95, 0.95, 0.3])
+    out = draft_caps(w, q, caps, 0.025)
+    floor = 0.025 / (w + 0.025)
+    expect = np.minimum(64, np.maximum(MIN_DRAFT_CAP, np.ceil(2 * np.log(floor) / np.log(q))))
+    assert out.tolist() == expect.astype(int).tolist()
+    assert out[0] <= out[1] < out[2] < out[3] == 64 and out[5] == MIN_DRAFT_CAP
+    assert (draft_caps(w, q, caps, 0.1) <= out).all()  # dearer verification: never longer
+    assert (draft_caps(w, q, caps, 0.025, ratio=2.0) >= out).all()  # the cut may scale estimates up by the ratio
+    assert draft_caps(w, q, np.full(6, 2), 0.025).tolist() == [2] * 6  # never above the hard cap
+    assert draft_caps(np.array([0.0]), np.array([0.0]), np.array([64]), 0.025).tolist() == [MIN_DRAFT_CAP]
+
+
+def test_plan_gives_drafted_rows_their_caps_and_others_none():
+    ctl = BudgetController(ControllerConfig(cost_source="config", backend="python"))
+    ctl.observe(0, [100, 120, 140])
+    plan = ctl.plan(np.zeros(3, np.int64), np.array([10, 50, 130]), caps=np.array([64, 64, 0]),
+                    acceptance=np.array([0.9, 0.9, 0.9]))
+    assert plan.budget.dtype == np.int32 and ((plan.budget > 0) == plan.draft).all() and plan.budget[2] == 0

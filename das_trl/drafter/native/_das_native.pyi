@@ -320,7 +320,7 @@ def controller_cut(accept: _F64, table: _F64, pooled: _F64, rows: _I64, generate
 def controller_plan(out_len: _F64, rounds: _F64, max_output: _F64, caps: _I32, q: _F64, replan: bool, table: _F64,
                     pooled: _F64, draws: _F64, slots: _I64, slot_p: _F64, slot_epoch: _I64, epoch: int,
                     tau_z: _F64, send: _F64, params: dict[str, Any], draft: _B, weight: _F64, p: _F64,
-                    rem_mean: _F64) -> tuple[float, int, int]:
+                    rem_mean: _F64, budget: _I32) -> tuple[float, int, int]:
     """``BudgetController.plan`` after its replan decision, in one call: the tail probabilities (recomputed with
     ``replan``, else each request's stored one renormalised over the batch), the prior shrink, each row's weight
     ``c_base * P_i`` and the gate (``gate_rows``: rows whose predicted acceptance can pay for their verification and
@@ -348,6 +348,8 @@ def controller_plan(out_len: _F64, rounds: _F64, max_output: _F64, caps: _I32, q
         weight: out, ``float64[n]`` ``c_base * P_i`` (ms).
         p: out, ``float64[n]`` probability of finishing last (shrunk).
         rem_mean: out, ``float64[n]`` mean sampled remaining tokens (written only with ``replan``).
+        budget: out, ``int32[n]`` most draft tokens per drafted row (``das_trl.budget.controller.draft_caps``; 0 for
+            rows not drafted); ``params["ratio"]`` is the controller's acceptance correction it allows for.
 
     Returns:
         ``(expected makespan in rounds or nan without replan, rows drafted, rows with P >= 0.5)``.

@@ -402,11 +402,12 @@ NB_MODULE(_das_native, m) {
          bool replan, nb::ndarray<const double, nb::ndim<2>, nb::c_contig, nb::device::cpu> table, In1<double> pooled,
          nb::ndarray<const double, nb::ndim<3>, nb::c_contig, nb::device::cpu> draws, In1<int64_t> slots,
          Out1<double> slot_p, Out1<int64_t> slot_epoch, int64_t epoch, In1<double> tau_z, In1<double> send,
-         const nb::dict& params, Out1<bool> draft, Out1<double> weight, Out1<double> p, Out1<double> rem_mean) {
+         const nb::dict& params, Out1<bool> draft, Out1<double> weight, Out1<double> p, Out1<double> rem_mean,
+         Out1<int32_t> budget) {
         const size_t n = out_len.shape(0);
         for (auto [name, got] : {std::pair<const char*, size_t>{"caps", caps.shape(0)}, {"q", q.shape(0)},
                                  {"draft", draft.shape(0)}, {"weight", weight.shape(0)}, {"p", p.shape(0)},
-                                 {"rem_mean", rem_mean.shape(0)}})
+                                 {"rem_mean", rem_mean.shape(0)}, {"budget", budget.shape(0)}})
           need_rows_like(name, got, "out_len", n);
         // rounds / max_output / slots: n rows, or none (0 rows)
         for (auto [name, got] : {std::pair<const char*, size_t>{"rounds", rounds.shape(0)},
@@ -455,14 +456,14 @@ NB_MODULE(_das_native, m) {
               pooled.data(), static_cast<int64_t>(draws.shape(2)), draws.data(), static_cast<int64_t>(draws.shape(1)),
               has_slots ? slots.data() : nullptr, slot_p.data(), slot_epoch.data(), epoch,
               tau_z.shape(0) ? tau_z.data() : nullptr, send.shape(0) ? send.data() : nullptr, prm,
-              reinterpret_cast<uint8_t*>(draft.data()), weight.data(), p.data(), rem_mean.data());
+              reinterpret_cast<uint8_t*>(draft.data()), weight.data(), p.data(), rem_mean.data(), budget.data());
         }
         return nb::make_tuple(r.makespan, r.drafted, r.tail_rows);
       },
       "out_len"_a, "rounds"_a, "max_output"_a, "caps"_a, "q"_a, "replan"_a, "table"_a, "pooled"_a, "draws"_a,
       "slots"_a, "slot_p"_a.noconvert(), "slot_epoch"_a.noconvert(), "epoch"_a, "tau_z"_a, "send"_a, "params"_a,
       "draft"_a.noconvert(),
-      "weight"_a.noconvert(), "p"_a.noconvert(), "rem_mean"_a.noconvert(),
+      "weight"_a.noconvert(), "p"_a.noconvert(), "rem_mean"_a.noconvert(), "budget"_a.noconvert(),
       "BudgetController.plan after its replan decision (das_trl/budget/controller.py): tail probabilities (recomputed "
       "or renormalised from slot_p), the prior shrink, weights and the gate, in one call; see src/controller.h. "
       "Returns (expected makespan in rounds or nan, rows drafted, rows with P >= 0.5).");

@@ -244,7 +244,7 @@ PlanResult controller_plan(int64_t n, const double* out_len, const double* round
                            int64_t m, const double* pooled, int64_t s, const double* draws, int64_t draw_rows,
                            const int64_t* slots, double* slot_p, int64_t* slot_epoch, int64_t epoch,
                            const double* tau_z, const double* send, const ControllerParams& prm, uint8_t* draft,
-                           double* weight, double* p, double* rem_mean) {
+                           double* weight, double* p, double* rem_mean, int32_t* budget) {
   PlanResult res{std::nan(""), 0, 0};
   if (n <= 0) return res;
   if (replan) {
@@ -304,8 +304,18 @@ PlanResult controller_plan(int64_t n, const double* out_len, const double* round
     }
     draft[i] = ok;
     res.drafted += ok;
+    if (budget) budget[i] = ok ? draft_cap(weight[i], q[i], cap, prm) : 0;
   }
   return res;
+}
+
+int32_t draft_cap(double weight, double q, int32_t cap, const ControllerParams& prm) {
+  const double qi = std::min(std::max(q, 0.0), 0.999);
+  const double floor = prm.c_tok_ms * (1.0 + prm.draft_margin) / ((weight + prm.c_tok_ms) * std::max(prm.ratio, 1.0));
+  if (!(floor < 1.0) || !(qi > 0.0)) return std::min(cap, kMinDraftCap);
+  const double reach = 2.0 * std::log(floor) / std::log(qi);
+  if (!(reach < static_cast<double>(cap))) return cap;
+  return std::min(cap, std::max(kMinDraftCap, static_cast<int32_t>(std::ceil(reach))));
 }
 
 }  // namespace das

@@ -78,6 +78,14 @@ PlanResult controller_plan(int64_t n, const double* out_len, const double* round
                            int64_t m, const double* pooled, int64_t s, const double* draws, int64_t draw_rows,
                            const int64_t* slots, double* slot_p, int64_t* slot_epoch, int64_t epoch,
                            const double* tau_z, const double* send, const ControllerParams& prm, uint8_t* draft,
-                           double* weight, double* p, double* rem_mean);
+                           double* weight, double* p, double* rem_mean, int32_t* budget);
+
+// The most draft tokens worth drafting for a row the gate drafts (controller.py draft_cap): positions whose estimate
+// is below c_tok (1 + margin) / (ratio (weight + c_tok)) can never pay, and a draft of per-token acceptance q is
+// assumed to stay above that for up to twice the positions q^j would (drafts vary around the row's average).
+int32_t draft_cap(double weight, double q, int32_t cap, const ControllerParams& prm);
+
+// The fewest tokens draft_cap gives a drafted row.
+constexpr int32_t kMinDraftCap = 4;
 
 }  // namespace das
