@@ -165,15 +165,15 @@ def test_controller_budgets_reach_vllm(das_llm, reference):
 
 
 def test_steps_never_offer_more_than_max_num_batched_tokens(model_path, reference):
-    """An engine whose scheduler takes 96 tokens a step: the proposer reads the budget from vLLM's config, and no step
-    offers more (rows + draft tokens), although a converged history makes the drafter offer far longer drafts; the
-    outputs stay the reference's."""
+    """An engine whose scheduler takes 32 tokens a step (16 rows): the proposer reads the budget from vLLM's config,
+    and no step offers more (rows + draft tokens), although a converged history makes the drafter offer far longer
+    drafts; the outputs stay the reference's."""
     from das_trl.vllm.client import LocalDASEngine
 
-    budget = 96
+    budget = 32
     prompts, ref_tokens, _ = reference
     llm = make_llm(model_path, das=True, num_speculative_tokens=K, max_num_batched_tokens=budget,
-                   enable_chunked_prefill=True)
+                   max_num_seqs=NUM_PROMPTS, enable_chunked_prefill=True)
     try:
         engine = LocalDASEngine(llm)
         engine.attach()

@@ -20,12 +20,12 @@ namespace das {
 
 constexpr int kMaxSpec = 64;  // hard cap of draft tokens per request per round
 
-struct SpecParams {
-  int depth = 32;           // tree depth D
-  int max_spec_tokens = 16;  // K
-  float factor = 1.0f;      // max_spec_factor
+struct SpecParams {  // the drafter sets every field from its DrafterConfig; these are that config's defaults
+  int depth = 64;           // tree depth D
+  int max_spec_tokens = 64;  // K
+  float factor = 2.0f;      // max_spec_factor
   float offset = 0.0f;      // max_spec_offset
-  float min_prob = 0.05f;   // min_token_prob
+  float min_prob = 0.1f;    // min_token_prob
   // cap_by_match[m] = max(0, int(float(m) * factor + offset + 1e-6)), as arctic computes it (float, then double).
   std::vector<int32_t> cap_by_match;
   // bound[b][m] = max over m' in [1, m] of min(b, cap_by_match[m'], D - m'): the best score any match length <= m
