@@ -10,9 +10,12 @@ the same object from recorded rollouts, so the replay measures exactly the calls
    drafter only the hand-over of the new tokens (ingested off the critical path where the core supports it). After
    a step where nothing paid, the plan itself is skipped until something it rests on is due to change
    (:meth:`BudgetController.quiet_step`): such a step is O(1) Python plus the drafter's hand-over.
-3. **Draft** the planned rows up to their hard cap (``num_speculative_tokens``, the model length) in one drafter call.
-4. **Cut** (:meth:`BudgetController.cut`): keep, per drafted row, the tokens that pay; the drafter is told what was
-   really sent (``trim``) so verification is accounted against the cut length.
+3. **Draft** the planned rows in one drafter call, each up to the length the plan set for it
+   (:func:`~das_trl.budget.controller.draft_caps`: no longer than its estimates can pay for, within the hard cap
+   ``num_speculative_tokens`` and the model length).
+4. **Cut** (:meth:`BudgetController.cut`): keep, per drafted row, the tokens that pay, and never more tokens in the
+   step than the engine schedules (``max_step_tokens``: vLLM's ``max_num_batched_tokens``); the drafter is told what
+   was really sent (``trim``) so verification is accounted against the cut length.
 
 The per-request records and the bookkeeping around plan and cut (verification, the gate's acceptance predictor, the
 cut of the output, the drafter's trim) live in a request book (:mod:`das_trl.vllm.request_book`): in the drafter's
