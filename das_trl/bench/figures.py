@@ -3,7 +3,8 @@
 ``bench_headline.png``: running requests over the time with the CPU (cost model, ms -> s) on the headline replay
 points (:data:`~das_trl.bench.page.HEADLINE_SETS`), for ``none``, ``suffix``, the default and ``oracle-text``, from each
 point's ``traces`` (:func:`das_trl.bench.report.running_trace`). ``bench_by_set.png``: per replay point, the time
-with the CPU / ``none`` of ``suffix``, the default and every bound. Both at the page's reference cost model; small
+with the CPU / ``none`` of ``suffix``, the default and every bound. ``bench_reliability.png``: the default's predicted
+vs realised acceptance per draft position bucket. All at the page's reference cost model; small
 PNGs (about 100 dpi, no timestamp), so a regeneration from the same JSON changes nothing but what moved.
 """
 
@@ -13,8 +14,8 @@ import math
 from pathlib import Path
 from typing import Sequence
 
-from das_trl.bench.page import (BY_SET_PNG, HEADLINE_PNG, HEADLINE_SETS, bound_names, c_tok_key, find_point,
-                                ratio)
+from das_trl.bench.page import (BY_SET_PNG, HEADLINE_PNG, HEADLINE_SETS, RELIABILITY_PNG, bound_names, c_tok_key,
+                                find_point, ratio, reliability_points)
 from das_trl.bench.report import DEFAULT
 
 #: Line / bar style per method (label, colour, line style, width).
@@ -104,7 +105,18 @@ def by_set(payload: dict, path: Path, default: str = DEFAULT) -> str:
     return _save(fig, path)
 
 
+def reliability(payload: dict, path: Path) -> str | None:
+    """The default's predicted vs realised acceptance per draft position bucket on every point
+    (:func:`das_trl.bench.reliability.write_reliability_plot`); ``None`` when the JSON carries none."""
+    from das_trl.bench.reliability import write_reliability_plot
+
+    found = [(name, rel) for name, rel in reliability_points(payload)
+             if isinstance(rel, dict) and any(b.get("tokens") for b in rel.get("buckets", []))]
+    return str(write_reliability_plot(found, path)) if found else None
+
+
 def write_figures(payload: dict, outdir: Path) -> list[str]:
-    """Both figures into ``outdir``; returns the paths written."""
-    out = [headline(payload, outdir / HEADLINE_PNG), by_set(payload, outdir / BY_SET_PNG)]
+    """The figures into ``outdir``; returns the paths written."""
+    out = [headline(payload, outdir / HEADLINE_PNG), by_set(payload, outdir / BY_SET_PNG),
+           reliability(payload, outdir / RELIABILITY_PNG)]
     return [f for f in out if f]

@@ -31,6 +31,7 @@ BOUNDS = ("oracle-trim", "oracle-text")
 #: Figure files (under ``docs/img/``) and how the pages name them.
 HEADLINE_PNG = "bench_headline.png"
 BY_SET_PNG = "bench_by_set.png"
+RELIABILITY_PNG = "bench_reliability.png"
 
 _BLOCK = re.compile(r"(<!-- bench:([a-z0-9-]+):start -->\n)(.*?)(<!-- bench:\2:end -->)", re.S)
 
@@ -217,12 +218,18 @@ def _bucket_cell(b: dict) -> str:
     return f"{_num(b.get('predicted'))} / {_num(b.get('realised'))} ({_int(b['tokens'])})"
 
 
+def reliability_points(payload: dict, default: str = DEFAULT) -> list[tuple[str, object]]:
+    """``(point name, reliability summary)`` of the default at the reference cost model, for every point that has
+    one."""
+    c = c_tok_key(payload)
+    return [(p["name"], rel) for p in payload["points"] if (rel := _reliability_of(p, c, default))]
+
+
 def reliability_block(payload: dict, default: str = DEFAULT) -> str:
     """Predicted vs realised acceptance of the default's sent draft tokens per position bucket, one row per replay
     point at the reference cost model (summaries with ``buckets``: :mod:`das_trl.bench.reliability`); any other
     shape is shown as it is; a line when the JSON has none."""
-    c = c_tok_key(payload)
-    found = [(p["name"], rel) for p in payload["points"] if (rel := _reliability_of(p, c, default))]
+    found = reliability_points(payload, default)
     if not found:
         return "_This suite JSON carries no reliability data._"
     if all(isinstance(rel, dict) and isinstance(rel.get("buckets"), list) for _, rel in found):

@@ -148,10 +148,14 @@ def worst_gap(summary: dict, min_tokens: int = MIN_BUCKET_TOKENS) -> float | Non
     return max(gaps) if gaps else None
 
 
+#: Buckets with fewer sent tokens than this are left out of the reliability figure (their rates are noise).
+MIN_PLOT_TOKENS = 100
+
+
 def write_reliability_plot(points: Sequence[tuple[str, dict]], path: str | Path) -> Path:
     """One reliability figure: per replay point (``(name, ReliabilityRecord.to_dict())``), the controller's mean
-    predicted acceptance and the realised rate per draft position bucket (solid: realised, dashed: predicted).
-    Returns the PNG's path."""
+    predicted acceptance and the realised rate per draft position bucket (solid: realised, dashed: predicted; buckets
+    with fewer than :data:`MIN_PLOT_TOKENS` sent tokens left out). Returns the PNG's path."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -159,15 +163,15 @@ def write_reliability_plot(points: Sequence[tuple[str, dict]], path: str | Path)
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(7.0, 4.2), dpi=100)
+    fig, ax = plt.subplots(figsize=(9.0, 4.2))
     labels = [f"{lo}-{hi}" for lo, hi in POSITION_BUCKETS]
     x = np.arange(len(labels))
     for i, (name, rel) in enumerate(points):
         b = rel.get("buckets", [])
         if not b:
             continue
-        real = [np.nan if r["realised"] is None else r["realised"] for r in b]
-        pred = [np.nan if r["predicted"] is None else r["predicted"] for r in b]
+        real = [np.nan if r["tokens"] < MIN_PLOT_TOKENS else r["realised"] for r in b]
+        pred = [np.nan if r["tokens"] < MIN_PLOT_TOKENS else r["predicted"] for r in b]
         color = f"C{i % 10}"
         ax.plot(x, real, "-o", color=color, label=name)
         ax.plot(x, pred, "--x", color=color)
@@ -176,9 +180,9 @@ def write_reliability_plot(points: Sequence[tuple[str, dict]], path: str | Path)
     ax.set_ylabel("acceptance of sent tokens")
     ax.set_ylim(0.0, 1.0)
     ax.set_title("Controller's predicted (dashed) vs realised (solid) acceptance")
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
-    fig.savefig(path)
+    fig.savefig(path, dpi=100, metadata={"Software": None})  # no version stamp: the same data, the same bytes
     plt.close(fig)
     return path
 
