@@ -1041,13 +1041,8 @@ class BudgetController:
         if k and not (np.minimum.reduce(accept, axis=None) >= 0.0 and np.maximum.reduce(accept, axis=None) <= 1.0):
             raise ValueError(f"BudgetController.cut: accept must lie in [0, 1], got range [{accept.min()}, "
                              f"{accept.max()}]; pass DraftBatch.accept")
-        table, counts, pooled = self.lengths.gather(plan.problem_keys[idx])  # float64, C-contiguous
-        cap = None if plan.max_remaining is None else plan.max_remaining[idx]
         weight = plan.weight_ms[idx]
-        rem = remaining_samples(table, counts, pooled, plan.generated[idx], cap, self._stratified(m),
-                                cfg.num_samples, cfg.pooled_weight, cfg.length_jitter, cfg.extrapolation_fraction,
-                                cfg.min_remaining)
-        survival_k = survival(rem, k)
+        survival_k = self._survival(plan, idx, k)
         useful = np.minimum(accept * survival_k * ratio, 1.0)
         lengths, value = optimal_draft_lengths(useful, weight, cost.c_tok_ms, cfg.draft_margin)
         capped = apply_step_cap(useful, lengths, value, cost.c_tok_ms, cfg.step_token_cap)
@@ -1081,13 +1076,18 @@ class BudgetController:
         m, k = accept.shape
         if m == 0:
             return np.zeros((0, k))
+        return np.minimum(accept * self._survival(plan, idx, k) * self.acceptance_ratio, 1.0)
+
+    def _survival(self, plan: StepPlan, idx: np.ndarray, k: int) -> np.ndarray:
+        """``float64 [m, k]`` the chance that each draft position of the plan's rows ``idx`` lies before the
+        request's end (:func:`survival` of :func:`remaining_samples`, the deterministic stratified draws)."""
         cfg = self.config
-        table, counts, pooled = self.lengths.gather(plan.problem_keys[idx])
+        table, counts, pooled = self.lengths.gather(plan.problem_keys[idx])  # float64, C-contiguous
         cap = None if plan.max_remaining is None else plan.max_remaining[idx]
-        rem = remaining_samples(table, counts, pooled, plan.generated[idx], cap, self._stratified(m),
+        rem = remaining_samples(table, counts, pooled, plan.generated[idx], cap, self._stratified(len(idx)),
                                 cfg.num_samples, cfg.pooled_weight, cfg.length_jitter, cfg.extrapolation_fraction,
                                 cfg.min_remaining)
-        return np.minimum(accept * survival(rem, k) * self.acceptance_ratio, 1.0)
+        return survival(rem, k)
 
     # ------------------------------------------------------------------ per step
     def budgets(self, accept: np.ndarray, problem_keys: np.ndarray, output_len: np.ndarray,
