@@ -56,13 +56,16 @@ def test_controller_is_the_default_and_its_budgets_cut_the_drafts(rng, monkeypat
 def test_only_the_request_that_will_finish_last_drafts_when_tokens_are_expensive(rng):
     # Trust the lengths (no shrinkage towards "anyone may be last", no pooled lengths): the 40-token problem's
     # request cannot be last, so at 0.5 ms per verified token the plan does not even draft it; the 200-token
-    # problem's request will be, and drafts its whole hard cap (K).
+    # problem's request will be, and drafts its whole hard cap (K) while its drafts hold: the engine accepts all K
+    # tokens of the first draft (plus the bonus token), so the plan's per-row cap stays at K.
     worker, prompts, texts = _setup(rng, {"cost_source": "config", "c_tok_ms": 0.5, "tail_prior_weight": 0.0,
                                           "pooled_weight": 0.0})
-    rows = [("long", 0, 5), ("short", 3, 5)]
-    _round(worker, prompts, texts, rows)
-    drafts = _round(worker, prompts, texts, [(r, i, n + 1) for r, i, n in rows])
-    assert drafts[0] == texts[0][6:6 + K]
+    first = _round(worker, prompts, texts, [("long", 0, 5), ("short", 3, 5)])
+    assert first[0] == texts[0][5:5 + K] and first[1] == []
+    n = 5 + K + 1
+    worker.model_runner.set_rows([("long", prompts[0], texts[0][:n]), ("short", prompts[3], texts[3][:6])])
+    drafts = worker.model_runner.step([texts[0][5:n], [texts[3][5]]])
+    assert drafts[0] == texts[0][n:n + K]
     assert drafts[1] == []
     s = worker.proposer.stats()
     assert s["budget_steps"] == 2 and s["budget_rows"] == 4
