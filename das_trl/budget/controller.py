@@ -424,7 +424,7 @@ def draft_caps(weight_ms: np.ndarray, q: np.ndarray, caps: np.ndarray, c_tok_ms:
     Returns:
         ``int32 [n]``, each in ``[min(caps, MIN_DRAFT_CAP), caps]``.
     """
-    caps = np.minimum(np.asarray(caps).astype(np.int64), MAX_CAP)
+    caps = np.minimum(np.asarray(caps), MAX_CAP).astype(np.int64)  # clamp first: uint64 2**63 wraps in int64
     qi = np.minimum(np.maximum(np.asarray(q, dtype=np.float64), 0.0), 0.999)
     floor = c_tok_ms * (1.0 + draft_margin) / ((np.asarray(weight_ms, dtype=np.float64) + c_tok_ms) * max(ratio, 1.0))
     with np.errstate(divide="ignore", invalid="ignore"):

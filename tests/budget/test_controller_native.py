@@ -203,3 +203,4 @@ def test_plan_rejects_bad_input_before_changing_anything(backend):
     u64 = ctl.plan(keys, np.array([1, 2, 3]), caps=np.full(3, 2**63, np.uint64), acceptance=np.full(3, 0.9))
     std = ctl.plan(keys, np.array([1, 2, 3]), caps=np.full(3, 64, np.int32), acceptance=np.full(3, 0.9))
     assert (big.draft == std.draft).all() and (u64.draft == std.draft).all()
+    assert (big.budget == std.budget).all() and (u64.budget == std.budget).all()
