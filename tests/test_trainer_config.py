@@ -1,11 +1,15 @@
-"""das_* settings: the removed length policy is refused with its replacement named; the controller's fields are
-validated up front. Fast (no engine)."""
+"""das_* settings: the removed length policy is refused with its replacement named; the controller's fields and the
+tree depth are validated up front, and the depth reaches the engine's drafter through das_attach. Fast (a fake
+worker, no engine)."""
 
+import json
 from types import SimpleNamespace
 
 import pytest
 
+from das_trl.drafter import DrafterConfig
 from das_trl.trainer.config import das_settings, drafter_config_fields, validate_das_settings
+from reliability_fakes import K, FakeWorker
 
 
 def _settings(**das):
@@ -25,3 +29,18 @@ def test_budget_controller_is_the_one_budget_path_sent_to_the_engine():
     assert fields["budget_controller"] == {"c_tok_ms": 0.1} and "length_policy" not in fields
     with pytest.raises(ValueError, match="das_budget_controller"):
         validate_das_settings(_settings(budget_controller={"c_tok_ms": -1}))
+
+
+def test_tree_depth_reaches_the_engine_and_bad_depths_are_refused_up_front():
+    settings = _settings()
+    validate_das_settings(settings)
+    assert drafter_config_fields(settings)["max_tree_depth"] == DrafterConfig().max_tree_depth
+    settings = _settings(max_tree_depth=96, num_speculative_tokens=K)
+    validate_das_settings(settings)
+    assert drafter_config_fields(settings)["max_tree_depth"] == 96
+    worker = FakeWorker()  # the engine's side of das_attach (what colocate and server mode send)
+    assert worker.das_attach(json.dumps(drafter_config_fields(settings)))["ok"]
+    assert worker.proposer.drafter.config.max_tree_depth == 96
+    for bad in (0, 4097, 64.0, True, "64", 2):  # 2: below the drafter's support_ngram
+        with pytest.raises(ValueError, match="das_max_tree_depth"):
+            validate_das_settings(_settings(max_tree_depth=bad))
