@@ -1,7 +1,7 @@
 """The benchmarks page's figures, drawn from the suite's JSON (:mod:`das_trl.bench.page` calls :func:`write_figures`).
 
 ``bench_headline.png``: running requests over the time with the CPU (cost model, ms -> s) on the headline replay
-points (:data:`~das_trl.bench.page.HEADLINE_SETS`), for ``none``, ``suffix``, the default and ``oracle-text``, from each
+points (:data:`~das_trl.bench.suite_json.HEADLINE_SETS`), for ``none``, ``suffix``, the default and ``oracle-text``, from each
 point's ``traces`` (:func:`das_trl.bench.report.running_trace`). ``bench_by_set.png``: per replay point, the time
 with the CPU / ``none`` of ``suffix``, the default and every bound. ``bench_reliability.png``: the default's predicted
 vs realised acceptance per draft position bucket. All at the page's reference cost model; small
@@ -14,8 +14,8 @@ import math
 from pathlib import Path
 from typing import Sequence
 
-from das_trl.bench.page import (BY_SET_PNG, HEADLINE_PNG, HEADLINE_SETS, RELIABILITY_PNG, bound_names, c_tok_key,
-                                find_point, ratio, reliability_points)
+from das_trl.bench.suite_json import (BY_SET_PNG, HEADLINE_PNG, HEADLINE_SETS, RELIABILITY_PNG, bound_names,
+                                     c_tok_key, find_point, ratio, reliability_points)
 from das_trl.bench.report import DEFAULT
 
 #: Line / bar style per method (label, colour, line style, width).
