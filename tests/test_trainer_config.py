@@ -34,13 +34,17 @@ def test_budget_controller_is_the_one_budget_path_sent_to_the_engine():
 def test_tree_depth_reaches_the_engine_and_bad_depths_are_refused_up_front():
     settings = _settings()
     validate_das_settings(settings)
-    assert drafter_config_fields(settings)["max_tree_depth"] == DrafterConfig().max_tree_depth
-    settings = _settings(max_tree_depth=96, num_speculative_tokens=K)
+    assert "max_tree_depth" not in drafter_config_fields(settings)  # the engine's own (a server's may differ)
+    worker = FakeWorker()
+    assert worker.das_attach(json.dumps({"max_tree_depth": 96}))["ok"]
+    assert worker.das_attach(json.dumps(drafter_config_fields(_settings(num_speculative_tokens=K))))["ok"]
+    assert worker.proposer.drafter.config.max_tree_depth == 96  # unset in the trainer: the engine's setting holds
+    settings = _settings(max_tree_depth=48, num_speculative_tokens=K)
     validate_das_settings(settings)
-    assert drafter_config_fields(settings)["max_tree_depth"] == 96
+    assert drafter_config_fields(settings)["max_tree_depth"] == 48
     worker = FakeWorker()  # the engine's side of das_attach (what colocate and server mode send)
     assert worker.das_attach(json.dumps(drafter_config_fields(settings)))["ok"]
-    assert worker.proposer.drafter.config.max_tree_depth == 96
+    assert worker.proposer.drafter.config.max_tree_depth == 48
     for bad in (0, 4097, 64.0, True, "64", 2):  # 2: below the drafter's support_ngram
         with pytest.raises(ValueError, match="das_max_tree_depth"):
             validate_das_settings(_settings(max_tree_depth=bad))

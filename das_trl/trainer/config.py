@@ -80,12 +80,13 @@ class DASGRPOConfig(GRPOConfig):
         metadata={"help": "Stop a draft at the first token whose estimated acceptance probability (evidence-"
                           "weighted, calibrated by verification outcomes) falls below this."},
     )
-    das_max_tree_depth: int = field(
-        default=_drafter_default("max_tree_depth"),
-        metadata={"help": "Depth of the drafter's suffix trees (tokens): a draft continues a matched suffix of up to "
-                          "32 tokens within one tree path, so it is at most this minus the match length. Deeper "
-                          "trees allow longer drafts after long matches and cost more engine RAM and drafting CPU "
-                          "per history token (96 measured no faster than 64 on the replay suite)."},
+    das_max_tree_depth: int | None = field(
+        default=None,
+        metadata={"help": "Depth of the drafter's suffix trees (tokens); None keeps the engine's drafter setting (64, "
+                          "or what `das-trl serve --drafter-config` set). A tree path holds the matched suffix and "
+                          "the draft, so a draft is at most this minus the match length. Deeper trees allow longer "
+                          "drafts after long matches and cost more engine RAM and drafting CPU per history token (96 "
+                          "measured no faster than 64 on the replay suite; docs/tuning.md#depth)."},
     )
     das_calibrate_acceptance: bool = field(
         default=True,
@@ -186,14 +187,15 @@ def validate_das_settings(settings: dict[str, Any]) -> None:
         raise ValueError(f"das_live_token_budget must be an int >= 0 (tokens), got {budget!r}")
     if settings["max_spec_factor"] <= 0:
         raise ValueError(f"das_max_spec_factor must be > 0, got {settings['max_spec_factor']}")
-    depth = settings.get("max_tree_depth", _drafter_default("max_tree_depth"))
-    if not isinstance(depth, int) or isinstance(depth, bool) or not 1 <= depth <= 4096:
-        # the native core's trees hold at most 4096 (checked here, not first in the engine at attach)
-        raise ValueError(f"das_max_tree_depth must be an int in [1, 4096] (tokens), got {depth!r}")
-    try:
-        DrafterConfig(max_tree_depth=depth)  # its other limits (support_ngram <= depth)
-    except ValueError as exc:
-        raise ValueError(f"das_max_tree_depth: {exc}") from None
+    depth = settings.get("max_tree_depth")
+    if depth is not None:
+        if not isinstance(depth, int) or isinstance(depth, bool) or not 1 <= depth <= 4096:
+            # the native core's trees hold at most 4096 (checked here, not first in the engine at attach)
+            raise ValueError(f"das_max_tree_depth must be None or an int in [1, 4096] (tokens), got {depth!r}")
+        try:
+            DrafterConfig(max_tree_depth=depth)  # its other limits (support_ngram <= depth)
+        except ValueError as exc:
+            raise ValueError(f"das_max_tree_depth: {exc}") from None
     if not 0.0 <= settings["min_token_prob"] <= 1.0:
         raise ValueError(f"das_min_token_prob must be in [0, 1], got {settings['min_token_prob']}")
     if not isinstance(settings["calibrate_acceptance"], bool):
@@ -245,7 +247,8 @@ def drafter_config_fields(settings: dict[str, Any]) -> dict[str, Any]:
         "max_spec_tokens": settings["num_speculative_tokens"],
         "max_spec_factor": settings["max_spec_factor"],
         "min_token_prob": settings["min_token_prob"],
-        "max_tree_depth": settings.get("max_tree_depth", _drafter_default("max_tree_depth")),
         "calibrate_acceptance": settings["calibrate_acceptance"],
         "budget_controller": settings.get("budget_controller") or {},
+        # only when set: None keeps the engine's own (a server's --drafter-config included)
+        **({"max_tree_depth": settings["max_tree_depth"]} if settings.get("max_tree_depth") is not None else {}),
     }
