@@ -99,7 +99,8 @@ def test_serve_startup_interrupted_is_not_blamed_on_the_server():
 
 @pytest.mark.parametrize("config,names", [('{"nope": 1}', "nope"), ("[1]", "JSON object"),
                                           ('{"max_spec_factor": Infinity}', "max_spec_factor"),
-                                          ('{"budget_controller": {"nope": 1}}', "nope")])
+                                          ('{"budget_controller": {"nope": 1}}', "nope"),
+                                          ('{"max_tree_depth": 5000}', "max_tree_depth")])  # the native core's limit
 def test_serve_rejects_a_bad_drafter_config_before_starting_anything(config, names, monkeypatch, caplog):
     # The engine refused these only after its start-up (minutes); serve now checks them first.
     import subprocess

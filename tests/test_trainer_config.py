@@ -45,6 +45,24 @@ def test_tree_depth_reaches_the_engine_and_bad_depths_are_refused_up_front():
     worker = FakeWorker()  # the engine's side of das_attach (what colocate and server mode send)
     assert worker.das_attach(json.dumps(drafter_config_fields(settings)))["ok"]
     assert worker.proposer.drafter.config.max_tree_depth == 48
-    for bad in (0, 4097, 64.0, True, "64", 2):  # 2: below the drafter's support_ngram
-        with pytest.raises(ValueError, match="das_max_tree_depth"):
+    for bad in (0, 4097, 64.0, True, "64", 2):  # 2: below the drafter's support_ngram (3)
+        with pytest.raises(ValueError, match=r"das_max_tree_depth must be None or an int in \[3, 4096\]"):
             validate_das_settings(_settings(max_tree_depth=bad))
+
+
+@pytest.mark.parametrize("depth", [3, 16, 31, 32, 4096])
+def test_every_depth_the_config_accepts_attaches(depth):
+    # The engine's base config has the matched tail derived from its depth (32 at depth 64): a shallower depth from
+    # the trainer or a server's --drafter-config derives it again (min(32, depth)) instead of being refused for it.
+    settings = _settings(max_tree_depth=depth, num_speculative_tokens=K)
+    validate_das_settings(settings)
+    worker = FakeWorker()
+    reply = worker.das_attach(json.dumps(drafter_config_fields(settings)))
+    assert reply["ok"], reply
+    cfg = worker.proposer.drafter.config
+    assert cfg.max_tree_depth == depth and cfg.match_context_tokens == min(32, depth)
+    # a tail someone set is kept (and one deeper than the new depth is refused, naming both)
+    worker = FakeWorker()
+    assert worker.das_attach(json.dumps({"match_context_tokens": 8}))["ok"]
+    assert worker.das_attach(json.dumps({"max_tree_depth": max(depth, 8)}))["ok"]
+    assert worker.proposer.drafter.config.match_context_tokens == 8

@@ -189,13 +189,10 @@ def validate_das_settings(settings: dict[str, Any]) -> None:
         raise ValueError(f"das_max_spec_factor must be > 0, got {settings['max_spec_factor']}")
     depth = settings.get("max_tree_depth")
     if depth is not None:
-        if not isinstance(depth, int) or isinstance(depth, bool) or not 1 <= depth <= 4096:
+        low = _drafter_default("support_ngram")  # the drafter counts support over n-grams within one tree path
+        if not isinstance(depth, int) or isinstance(depth, bool) or not low <= depth <= 4096:
             # the native core's trees hold at most 4096 (checked here, not first in the engine at attach)
-            raise ValueError(f"das_max_tree_depth must be None or an int in [1, 4096] (tokens), got {depth!r}")
-        try:
-            DrafterConfig(max_tree_depth=depth)  # its other limits (support_ngram <= depth)
-        except ValueError as exc:
-            raise ValueError(f"das_max_tree_depth: {exc}") from None
+            raise ValueError(f"das_max_tree_depth must be None or an int in [{low}, 4096] (tokens), got {depth!r}")
     if not 0.0 <= settings["min_token_prob"] <= 1.0:
         raise ValueError(f"das_min_token_prob must be in [0, 1], got {settings['min_token_prob']}")
     if not isinstance(settings["calibrate_acceptance"], bool):

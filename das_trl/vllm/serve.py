@@ -199,10 +199,14 @@ def main(argv: list[str] | None = None) -> int:
         logger.error("--drafter-config is not valid JSON (%s): %r", exc, args.drafter_config)
         return 2
     if drafter_config is not None:
+        from das_trl.drafter import create_drafter
+        from das_trl.drafter.native import available as native_available
         from das_trl.vllm.worker_extension import attach_configs
 
         try:  # the engine would refuse it only after minutes of start-up
-            attach_configs(drafter_config)
+            config, _ = attach_configs(drafter_config)
+            if config.backend != "python" and native_available():
+                create_drafter(config)  # the native core's own limits (max_tree_depth <= 4096, K <= 64)
         except (ValueError, TypeError) as exc:
             logger.error("invalid --drafter-config %r: %s", args.drafter_config, exc)
             return 2

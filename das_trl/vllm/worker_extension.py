@@ -200,7 +200,13 @@ def attach_configs(fields: object, base: DrafterConfig | None = None) -> tuple[D
         if not isinstance(controller_fields, dict):
             raise ValueError("budget_controller must be a JSON object of ControllerConfig fields")
         controller = ControllerConfig(**controller_fields)
-    merged = dataclasses.asdict(base if base is not None else DrafterConfig()) | fields
+    base = base if base is not None else DrafterConfig()
+    merged = dataclasses.asdict(base) | fields
+    if "max_tree_depth" in fields and "match_context_tokens" not in fields \
+            and base.match_context_tokens == min(32, base.max_tree_depth):
+        # the base's matched tail was derived from its depth (min(32, depth)): derive it again from the new depth,
+        # so a depth below 32 is not refused for a tail nobody set
+        merged["match_context_tokens"] = None
     return DrafterConfig(**merged), controller
 
 class DASWorkerExtension:
