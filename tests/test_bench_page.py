@@ -147,3 +147,37 @@ def test_traces_are_thinned_and_oracle_text_ends_at_its_bound():
     assert len(tr) <= 10 and tr[0] == [0.0, 399] and tr[-1][1] == 0
     assert math.isclose(tr[-1][0], b.text_time(7.0, 0.025), abs_tol=0.01)
     assert oracle_text_trace([0, 0], 7.0, 0.025, 16) == [[0.0, 0]]
+
+
+def test_malformed_json_markers_and_pages_fail_clearly_and_write_nothing(payload, tmp_path, capsys):
+    # Shapes the page cannot read are named (not a KeyError / TypeError from deep inside the tables).
+    for breaks, says in ((lambda p: p["points"][0].pop("name"), "point 0 is not an object with a 'name'"),
+                         (lambda p: p["points"].__setitem__(1, "x"), "point 1 is not an object"),
+                         (lambda p: p["points"][1]["by_c_tok"]["0.1"].__setitem__("results", None), "'results' a list")):
+        bad = json.loads(json.dumps(payload))
+        breaks(bad)
+        (tmp_path / "bad.json").write_text(json.dumps(bad))
+        with pytest.raises(ValueError, match=says):
+            page.load(tmp_path / "bad.json")
+    path = tmp_path / "suite.json"
+    path.write_text(json.dumps(payload))
+    good, broken = tmp_path / "good.md", tmp_path / "broken.md"
+    good.write_text("<!-- bench:cost-table:start -->\nold\n<!-- bench:cost-table:end -->\n")
+    # a block whose end marker names another block, and an upper-case name: both were left stale with exit 0
+    for text in ("<!-- bench:main-table:start -->\nold\n<!-- bench:cost-table:end -->\n"
+                 "<!-- bench:sets-table:start -->\n<!-- bench:sets-table:end -->\n",
+                 "<!-- bench:Main-Table:start -->\n<!-- bench:Main-Table:end -->\n"
+                 "<!-- bench:sets-table:start -->\n<!-- bench:sets-table:end -->\n"):
+        broken.write_text(text)
+        with pytest.raises(ValueError, match="not part of a"):
+            page.main(["--json", str(path), "--pages", str(good), str(broken), "--no-figures"])
+        assert "old" in good.read_text()  # every page is checked before any is written
+    # a cost model one point lacks: the page says which it leaves out
+    del payload["points"][0]["by_c_tok"]["0.1"]
+    path.write_text(json.dumps(payload))
+    assert page.main(["--json", str(path), "--pages", str(good), "--no-figures"]) == 0
+    assert "cost model(s) 0.1 missing from some points" in capsys.readouterr().err
+    # a headline set without the default's result is left out of the sentence (it read "-x")
+    del payload["points"][0]["by_c_tok"]["0.025"]["ratios"][DEFAULT]
+    sentence = page.headline_sentence(payload)
+    assert "-x" not in sentence and "frozen_smollm2_t06" not in sentence and "the 1 of 2 replay points" in sentence

@@ -16,6 +16,7 @@ import argparse
 import json
 import math
 import re
+import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -175,7 +176,7 @@ def headline_sentence(payload: dict, default: str = DEFAULT, sets: Sequence[str]
     bits = []
     for name in sorted(sets, key=lambda n: n != HEADLINE_SETS[1]):
         p = find_point(payload, name)
-        if p is not None:
+        if p is not None and math.isfinite(ratio(p, c, default, "time_cpu_vs_none")):
             bits.append(f"{_num(ratio(p, c, default, 'time_cpu_vs_none'))}x"
                         + (" the time without speculation" if not bits else "")
                         + f" on {what.get(name, 'a set')} (`{name}`; vLLM's `suffix`: "
@@ -184,7 +185,9 @@ def headline_sentence(payload: dict, default: str = DEFAULT, sets: Sequence[str]
     if not bits and not vals:
         return "_The suite JSON has no result for the default drafter._"
     head = " and ".join(bits) if bits else f"{_num(min(vals))}-{_num(max(vals))}x the time without speculation"
-    span = f", {_num(min(vals))}-{_num(max(vals))}x over all {len(vals)} replay points" if bits and vals else ""
+    n = len(payload["points"])
+    over = f"all {n}" if len(vals) == n else f"the {len(vals)} of {n}"
+    span = f", {_num(min(vals))}-{_num(max(vals))}x over {over} replay points" if bits and vals else ""
     return ("das-trl drafts each GRPO rollout from the run's own earlier rollouts: replaying recorded runs, the "
             f"default drafter's rollout batch takes {head}{span} (cost-model time at "
             f"c_tok {_c(c)} ms per token with the drafter's own CPU counted, not a measured GPU wall time).")
@@ -221,6 +224,21 @@ def block_names(text: str) -> list[str]:
     return [m.group(2) for m in _BLOCK.finditer(text)]
 
 
+_MARKER = re.compile(r"<!--\s*bench:([^:>]*):(start|end)\s*-->", re.I)
+
+
+def check_markers(text: str, where: str = "page") -> None:
+    """ValueError unless every ``bench:`` marker in ``text`` belongs to a well-formed block (a start and the end of
+    the same lower-case name, in that order): a stray or mismatched marker would leave its block silently stale."""
+    paired = 2 * len(block_names(text))
+    markers = [m.group(0) for m in _MARKER.finditer(text)]
+    if len(markers) != paired:
+        inside = {m.start() for b in _BLOCK.finditer(text) for m in _MARKER.finditer(text, b.start(), b.end())}
+        stray = [m.group(0) for m in _MARKER.finditer(text) if m.start() not in inside]
+        raise ValueError(f"{where}: marker{'s' if len(stray) > 1 else ''} {', '.join(stray) or markers[0]} not part "
+                         "of a <!-- bench:NAME:start --> ... <!-- bench:NAME:end --> block (same lower-case NAME)")
+
+
 # ---------------------------------------------------------------------------- CLI
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="das-trl bench page", description=__doc__.split("\n\n")[0])
@@ -237,23 +255,28 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     payload = load(args.json)
+    every = set().union(*(p.get("by_c_tok", {}) for p in payload["points"]))
+    if every != set(c_tok_keys(payload)):  # the tables use the cost models every point has
+        print(f"warning: {args.json}: cost model(s) {', '.join(sorted(every - set(c_tok_keys(payload)), key=float))} "
+              "missing from some points are left out; the page uses c_tok " + c_tok_key(payload), file=sys.stderr)
     blocks = page_blocks(payload)
-    stale = []
-    for page in map(Path, args.pages):
+    new_texts = {}
+    for page in map(Path, args.pages):  # every page is generated before any is written
         if not page.is_file():
             raise FileNotFoundError(f"--pages: {page} is not a file")
         text = page.read_text()
         if not block_names(text):
-            raise ValueError(f"--pages: {page} has no <!-- bench:NAME:start --> block")
+            raise ValueError(f"--pages: {page} has no <!-- bench:NAME:start --> ... <!-- bench:NAME:end --> block")
+        check_markers(text, f"--pages: {page}")
         new = replace_blocks(text, blocks, str(page))
         if new != text:
-            stale.append(str(page))
-            if not args.check:
-                page.write_text(new)
+            new_texts[page] = new
+    stale = [str(page) for page in new_texts]
     if args.check:
         print("up to date" if not stale else f"differs from {args.json}: {', '.join(stale)}")
         return 1 if stale else 0
-    for page in stale:
+    for page, new in new_texts.items():
+        page.write_text(new)
         print(f"rewrote {page}")
     if not args.no_figures:
         from das_trl.bench.figures import write_figures

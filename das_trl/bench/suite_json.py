@@ -35,6 +35,17 @@ def load(path: str | Path) -> dict:
         raise ValueError(f"--json {path}: not JSON ({exc})") from None
     if not isinstance(payload, dict) or not isinstance(payload.get("points"), list) or not payload["points"]:
         raise ValueError(f"--json {path}: no 'points' (write it with das-trl bench suite --json)")
+    for i, p in enumerate(payload["points"]):  # the shape the page reads; the numbers themselves may be missing
+        where = f"--json {path}: point {i}"
+        if not isinstance(p, dict) or not isinstance(p.get("name"), str):
+            raise ValueError(f"{where} is not an object with a 'name' (write it with das-trl bench suite --json)")
+        by_c = p.get("by_c_tok", {})
+        if not isinstance(by_c, dict) or not all(isinstance(b, dict) for b in by_c.values()):
+            raise ValueError(f"{where} ({p['name']}): 'by_c_tok' must map cost models to objects")
+        for c, b in by_c.items():
+            if not isinstance(b.get("ratios", {}), dict) or not isinstance(b.get("results", []), list):
+                raise ValueError(f"{where} ({p['name']}) at c_tok {c}: 'ratios' must be an object and 'results' a "
+                                 "list")
     return payload
 
 
