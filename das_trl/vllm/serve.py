@@ -35,6 +35,9 @@ logger = logging.getLogger("das_trl.serve")
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     """Arguments of ``das-trl serve``; anything unrecognised is passed to vLLM as-is."""
     parser = parser or argparse.ArgumentParser(prog="das-trl serve", description=__doc__.splitlines()[0])
+    parser.epilog = ("Any other flag goes to vLLM's OpenAI-compatible server as-is (e.g. --data-parallel-size 2, "
+                     "--max-num-seqs 256, --dtype bfloat16); flags DAS cannot run with (async scheduling, pipeline "
+                     "parallelism, external data-parallel load balancing) are refused before the server starts.")
     parser.add_argument("--model", default=None, help="model path or hub name (default: the embedded SmolLM2-135M)")
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default loopback: dev-mode RPCs are open)")
     parser.add_argument("--port", type=int, default=8000)
