@@ -115,12 +115,19 @@ def test_blocks_are_rewritten_and_check_fails_when_stale(payload, tmp_path, caps
         page.load(tmp_path / "bad.json")
 
 
-def test_figures_skip_a_headline_without_traces(payload, tmp_path):
+def test_figures_skip_a_headline_without_traces(payload, tmp_path, capsys):
     for p in payload["points"]:
         for c in p["by_c_tok"].values():
             c.pop("traces")
     files = write_figures(payload, tmp_path)
     assert [f.rsplit("/", 1)[-1] for f in files] == ["bench_by_set.png"]
+    # the page command says which linked figures this JSON cannot draw (an older file would stand in for them)
+    path, md = tmp_path / "suite.json", tmp_path / "page.md"
+    path.write_text(json.dumps(payload))
+    md.write_text("<!-- bench:sets-table:start -->\n<!-- bench:sets-table:end -->\n")
+    assert page.main(["--json", str(path), "--pages", str(md), "--img", str(tmp_path / "img")]) == 0
+    err = capsys.readouterr().err
+    assert "no data for" in err and "bench_headline.png" in err and "bench_by_set.png" not in err
 
 
 def _result(speculative=True) -> ReplayResult:

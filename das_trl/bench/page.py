@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from das_trl.bench.report import DEFAULT
-from das_trl.bench.suite_json import (HEADLINE_PNG, HEADLINE_SETS, bound_names, c_tok_key, c_tok_keys, find_point,
-                                     load, ratio, reliability_points)
+from das_trl.bench.suite_json import (BY_SET_PNG, HEADLINE_PNG, HEADLINE_SETS, RELIABILITY_PNG, bound_names,
+                                     c_tok_key, c_tok_keys, find_point, load, ratio, reliability_points)
 
 _BLOCK = re.compile(r"(<!-- bench:([a-z0-9-]+):start -->\n)(.*?)(<!-- bench:\2:end -->)", re.S)
 
@@ -281,8 +281,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.no_figures:
         from das_trl.bench.figures import write_figures
 
-        for f in write_figures(payload, Path(args.img)):
+        drawn = write_figures(payload, Path(args.img))
+        for f in drawn:
             print(f"wrote {f}")
+        for name in sorted({HEADLINE_PNG, BY_SET_PNG, RELIABILITY_PNG} - {Path(f).name for f in drawn}):
+            # the pages link every figure: an earlier run's file would stand for data this JSON does not have
+            print(f"warning: {args.json} has no data for {Path(args.img) / name}; an existing file there is from "
+                  "another run (delete it, or replay with the data)", file=sys.stderr)
     return 0
 
 
