@@ -559,7 +559,7 @@ class StepPlan:
             ``None`` when uncapped), kept for :meth:`BudgetController.cut`.
         replanned: whether the tail probabilities were recomputed this step.
         budget: ``int32 [n]`` how many tokens to draft per row (:func:`draft_caps` for the drafted rows, 0 for the
-            others); ``None``: the hard caps of the drafted rows.
+            others); every plan :meth:`BudgetController.plan` returns has one.
     """
 
     draft: np.ndarray
@@ -803,7 +803,7 @@ class BudgetController:
         if n == 0:
             self._acc_expected *= cfg.acceptance_decay
             self._acc_accepted *= cfg.acceptance_decay
-            return StepPlan(np.zeros(0, bool), np.zeros(0), keys, out_len, cap)
+            return StepPlan(np.zeros(0, bool), np.zeros(0), keys, out_len, cap, budget=np.zeros(0, np.int32))
         if n > len(self._inf):
             self._grow(n)
         replan = sl is None or n <= cfg.always_plan_rows or self._since_plan + 1 >= self._replan_interval \
@@ -870,9 +870,12 @@ class BudgetController:
             qq = self._prior[:n] if q is None else q
             cc = self._caps16[:n] if caps_arr is None else caps_arr
             draft = gate_rows(weight, qq, cc, cost.c_tok_ms, row_ms, cfg.draft_margin)
-            budget = np.where(draft, draft_caps(weight, qq, cc, cost.c_tok_ms, ratio, cfg.draft_margin),
-                              0).astype(np.int32)
-            drafted = int(np.count_nonzero(draft))
+            budget = np.zeros(n, np.int32)
+            rows = draft.nonzero()[0]  # the caps of the drafted rows only (in a large batch, few or none)
+            drafted = len(rows)
+            if drafted:
+                budget[rows] = draft_caps(weight[rows], np.asarray(qq)[rows], np.asarray(cc)[rows], cost.c_tok_ms,
+                                          ratio, cfg.draft_margin)
             tails = int(np.count_nonzero(p >= 0.5))
         # Only now (a rejected call changed nothing): the acceptance record fades once per step.
         self._acc_expected *= cfg.acceptance_decay

@@ -241,12 +241,9 @@ class Speculator:
                         slots, inputs.send)
         self.last_plan = plan
         planned = int(np.count_nonzero(plan.draft))
-        zeros = self._filled(0, n)  # np.where with an array of zeros costs a third of one with a numpy scalar 0
         # Each planned row is drafted to the cap the plan set for it (draft_caps: no longer than can pay), the others
-        # not at all.
-        budgets = (plan.budget if plan.budget is not None else np.where(plan.draft, inputs.caps, zeros)) \
-            if planned else zeros
-        out = self._drafter_step(req_ids, token_matrix, rows, num_tokens, num_prompt, num_sampled, verified, budgets,
+        # not at all (their budget is 0).
+        out = self._drafter_step(req_ids, token_matrix, rows, num_tokens, num_prompt, num_sampled, verified, plan.budget,
                                  k, release=False)
         drafting = out.lengths.nonzero()[0]  # np.flatnonzero without its ravel (lengths is 1-D)
         if len(drafting):
