@@ -17,6 +17,9 @@ LIVE_TREE_BYTES_PER_TOKEN = 400
 #: ``num_speculative_tokens`` (``das_trl.vllm.engine``) and the trainer's ``das_num_speculative_tokens``.
 DEFAULT_MAX_SPEC_TOKENS = 64
 
+#: The deepest suffix tree the native core builds (its DrafterConfig::validate; the reference backend has no limit).
+NATIVE_MAX_TREE_DEPTH = 4096
+
 #: Bound on ``|max_spec_factor|`` and ``|max_spec_offset|`` (draft tokens per matched token / draft tokens).
 _SPEC_LIMIT = 1e4
 
@@ -25,7 +28,7 @@ _SPEC_LIMIT = 1e4
 class DrafterConfig:
     """Settings of the DAS drafter (either backend, :func:`~das_trl.drafter.create_drafter`); validated on construction
     (``ValueError`` naming the field: wrong type, including a non-bool for a switch, non-finite or out of range).
-    Limits of the native core itself (``max_tree_depth`` <= 4096, ``max_spec_tokens`` <= 64) are checked by
+    Limits of the native core itself (``max_tree_depth`` <= :data:`NATIVE_MAX_TREE_DEPTH`, ``max_spec_tokens`` <= 64) are checked by
     :func:`~das_trl.drafter.create_drafter`, since the reference backend has none.
 
     History (DAS paper, Sec. "rollout history": per-problem sliding window):

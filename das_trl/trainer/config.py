@@ -14,7 +14,7 @@ from typing import Any
 from trl import GRPOConfig
 
 from das_trl.budget import LENGTH_POLICY_REMOVED, ControllerConfig
-from das_trl.drafter.config import DrafterConfig
+from das_trl.drafter.config import NATIVE_MAX_TREE_DEPTH, DrafterConfig
 from das_trl.vllm.engine import DEFAULT_NUM_SPECULATIVE_TOKENS, check_num_speculative_tokens
 from das_trl.vllm.engine_check import check_engine_settings
 
@@ -190,9 +190,10 @@ def validate_das_settings(settings: dict[str, Any]) -> None:
     depth = settings.get("max_tree_depth")
     if depth is not None:
         low = _drafter_default("support_ngram")  # the drafter counts support over n-grams within one tree path
-        if not isinstance(depth, int) or isinstance(depth, bool) or not low <= depth <= 4096:
-            # the native core's trees hold at most 4096 (checked here, not first in the engine at attach)
-            raise ValueError(f"das_max_tree_depth must be None or an int in [{low}, 4096] (tokens), got {depth!r}")
+        if not isinstance(depth, int) or isinstance(depth, bool) or not low <= depth <= NATIVE_MAX_TREE_DEPTH:
+            # checked here, not first in the engine at attach
+            raise ValueError(f"das_max_tree_depth must be None or an int in [{low}, {NATIVE_MAX_TREE_DEPTH}] "
+                             f"(tokens), got {depth!r}")
     if not 0.0 <= settings["min_token_prob"] <= 1.0:
         raise ValueError(f"das_min_token_prob must be in [0, 1], got {settings['min_token_prob']}")
     if not isinstance(settings["calibrate_acceptance"], bool):

@@ -120,3 +120,13 @@ def test_memory_figures_are_reported(rng):
     assert s["tokens"] == 3200 and s["index_bytes"] > 0 and s["global_bytes"] > 0
     assert 0 < s["bytes_per_history_token"] < 400
     assert s["live_bytes"] > 0 and s["live_running_tokens"] == 130
+
+
+def test_the_python_side_knows_the_native_tree_depth_limit():
+    # The trainer refuses das_max_tree_depth above NATIVE_MAX_TREE_DEPTH before any engine exists: it must be the
+    # core's own limit, not one beside it.
+    from das_trl.drafter.config import NATIVE_MAX_TREE_DEPTH
+
+    create_drafter(DrafterConfig(backend="native", max_tree_depth=NATIVE_MAX_TREE_DEPTH))
+    with pytest.raises(ValueError, match="max_tree_depth"):
+        create_drafter(DrafterConfig(backend="native", max_tree_depth=NATIVE_MAX_TREE_DEPTH + 1))
