@@ -26,7 +26,26 @@ def test_window_smaller_than_appearances_still_bounded():
 
 def test_command_line_exit_code(capsys):
     assert main(["--problems", "4", "--samples", "2", "--appearances", "2", "--length", "16", "--budget", "50"]) == 0
-    assert "OK: budget held" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "OK: budget held" in out and "native core, depth 64" in out  # the engine's drafter, not the reference
+
+
+def test_recorded_rollouts_are_pushed_step_by_step_within_the_budget(capsys, tmp_path):
+    from pathlib import Path
+
+    from das_trl.bench.history_memory import run_recorded
+    from das_trl.drafter.rollout_log import read_records
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "sets" / "grpo_smollm2_products.jsonl.gz"
+    records = list(read_records(path))
+    result = run_recorded(str(path), budget=1_000)
+    assert result["steps"] == len({r.step for r in records})
+    assert result["pushed_tokens"] == sum(len(r.completion_ids) for r in records) > 3 * 1_000
+    assert result["budget_held"] and 0 < result["history_tokens"] <= 1_000
+    assert result["max_tree_depth"] == 64 and result["bytes_per_history_token"] > 0
+    assert main(["--rollouts", str(path)]) == 0 and "OK: budget held" in capsys.readouterr().out
+    assert main(["--rollouts", str(tmp_path / "missing.jsonl")]) == 2
+    assert "missing.jsonl" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("backend", ["python", "native"])
