@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from pathlib import Path
 
 import pytest
 
@@ -83,13 +85,49 @@ def test_optional_keys_get_a_column_and_a_section(payload):
     assert "cpus 2" in page.settings_block(payload) and "`abc1234`" in page.settings_block(payload)
 
 
-def test_headline_sentence_quotes_the_json(payload):
+def test_headline_gives_the_default_against_the_better_baseline_over_every_point(payload):
+    # suffix 0.9 x none on both points: the default 1.25 and 0.5 x none are 1.25/0.9 and 0.5/0.9 x the better.
     s = page.headline_sentence(payload)
-    assert "0.50x the time without speculation on a converged GRPO run" in s
-    assert "1.25x on a large batch" in s and "`suffix`: 0.90x" in s and "0.50-1.25x over all 2 replay points" in s
-    assert s.count(".") >= 1 and "\n" not in s
-    del payload["points"][0]
-    assert "over all 1 replay points" in page.headline_sentence(payload)
+    mean = math.sqrt((1.25 / 0.9) * (0.5 / 0.9))
+    assert f"takes {mean:.2f}x the time of the better of no speculation and vLLM's `suffix`" in s
+    assert "range 0.56x to 1.39x, slower than that baseline on 1 of the 2" in s and "2 recorded rollout batches" in s
+    assert "cost-model time, not GPU wall time (c_tok 0.025" in s and "\n" not in s
+    table = page.headline_table(payload).splitlines()
+    assert table[2] == ("| `frozen_smollm2_t06` | SmolLM2-135M, frozen policy, T 0.6; the last appearance (3) replayed "
+                        "| 4 | 2 | 1.25 | **1.39** |")
+    payload["points"][1]["name"] = "qwen25_05b_gsm8k_grpo_das@7"
+    payload["points"].append(dict(payload["points"][0], name="unknown_set"))
+    assert "an early appearance (3) replayed" in page.headline_table(payload).splitlines()[3]
+    assert page.headline_table(payload).splitlines()[4].startswith("| `unknown_set` | - | 4 | 2 |")
+    assert "3 recorded rollout batches" in page.headline_sentence(payload)
+
+
+def test_the_committed_headline_is_traceable_to_the_suite_json():
+    """Every number on the README's first screen, recomputed here from the committed suite JSON's raw times (each
+    drafter's time with its CPU, not the JSON's own ratios)."""
+    root = Path(__file__).resolve().parents[1]
+    payload = page.load(root / "benchmarks" / "results" / "suite.json.gz")
+    readme = root / "README.md"
+    block = readme.read_text().split("<!-- bench:readme:start -->\n")[1].split("<!-- bench:readme:end -->")[0]
+    c = page.c_tok_key(payload)
+    assert c == "0.025" and "(c_tok 0.025 ms per verified token)" in block
+    vs_best = []
+    for p in payload["points"]:
+        t = {name: p["by_c_tok"][c]["ratios"][name]["time_cpu_ms"] for name in ("none", "suffix", DEFAULT)}
+        v = t[DEFAULT] / min(t["none"], t["suffix"])
+        vs_best.append(v)
+        row = (f"| `{p['name']}` | {page.set_what(p)} | {p['requests']:,} | {p['problems']:,} | "
+               f"{t[DEFAULT] / t['none']:.2f} | **{v:.2f}** |")
+        assert row in block, row
+    mean = math.exp(sum(math.log(v) for v in vs_best) / len(vs_best))
+    first = block.split("\n\n")[0]
+    assert (f"Replaying {len(vs_best)} recorded rollout batches (table below), the default drafter's batch takes "
+            f"{mean:.2f}x the time of the better of no speculation and vLLM's `suffix`") in first
+    assert (f"range {min(vs_best):.2f}x to {max(vs_best):.2f}x, slower than that baseline on "
+            f"{sum(v > 1 for v in vs_best)} of the {len(vs_best)}") in first
+    assert "cost-model time, not GPU wall time" in first
+    # the best point is only the end of the range: the only other ratios are the table's
+    assert re.findall(r"\d\.\d\dx", first) == [f"{mean:.2f}x", f"{min(vs_best):.2f}x", f"{max(vs_best):.2f}x"]
 
 
 def test_blocks_are_rewritten_and_check_fails_when_stale(payload, tmp_path, capsys):
@@ -184,7 +222,10 @@ def test_malformed_json_markers_and_pages_fail_clearly_and_write_nothing(payload
     path.write_text(json.dumps(payload))
     assert page.main(["--json", str(path), "--pages", str(good), "--no-figures"]) == 0
     assert "cost model(s) 0.1 missing from some points" in capsys.readouterr().err
-    # a headline set without the default's result is left out of the sentence (it read "-x")
+    # a point without the default's result is left out of the sentence (it read "-x") and counted as such
     del payload["points"][0]["by_c_tok"]["0.025"]["ratios"][DEFAULT]
     sentence = page.headline_sentence(payload)
-    assert "-x" not in sentence and "frozen_smollm2_t06" not in sentence and "the 1 of 2 replay points" in sentence
+    assert "-x" not in sentence and "Replaying 1 of 2 recorded rollout batches" in sentence
+    for p in payload["points"]:
+        p["by_c_tok"]["0.025"]["ratios"].pop(DEFAULT, None)
+    assert "no result for the default drafter" in page.headline_sentence(payload)

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from das_trl.bench.report import DEFAULT
-from das_trl.bench.suite_json import (BY_SET_PNG, HEADLINE_PNG, HEADLINE_SETS, RELIABILITY_PNG, bound_names,
-                                     c_tok_key, c_tok_keys, find_point, load, ratio, reliability_points)
+from das_trl.bench.suite_json import (BY_SET_PNG, HEADLINE_PNG, RELIABILITY_PNG, bound_names,
+                                     c_tok_key, c_tok_keys, load, ratio, reliability_points)
 
 _BLOCK = re.compile(r"(<!-- bench:([a-z0-9-]+):start -->\n)(.*?)(<!-- bench:\2:end -->)", re.S)
 
@@ -168,40 +168,80 @@ def reliability_block(payload: dict, default: str = DEFAULT) -> str:
     return "\n\n".join(f"**`{name}`**\n\n{_any_table(rel)}" for name, rel in found)
 
 
-def headline_sentence(payload: dict, default: str = DEFAULT, sets: Sequence[str] = HEADLINE_SETS) -> str:
-    """One sentence: the default's and suffix's time with the CPU vs none on the headline sets (converged GRPO run
-    first), and the default's range over every replay point."""
+#: What each recorded set is, by file stem, for the headline's table (``name@N``: the same file replayed at an earlier
+#: appearance N). A stem not listed here shows as ``-``.
+SET_WHAT = {
+    "frozen_smollm2_t06": "SmolLM2-135M, frozen policy, T 0.6",
+    "frozen_smollm2_t10": "SmolLM2-135M, frozen policy, T 1.0",
+    "grpo_smollm2_products": "the main job's GRPO run (SmolLM2-135M)",
+    "qwen25_05b_gsm8k_grpo_das": "Qwen2.5-0.5B GRPO on GSM8K (third party)",
+    "qwen25math7b_amc23_base_vs_grpo20": "Qwen2.5-Math-7B on AMC23 after 20 GRPO steps, the base model's rollouts as "
+                                         "history (third party)",
+    "r1distill_aime_p0019": "DeepSeek-R1-Distill-Qwen, one AIME problem, ~14k-token chains of thought (third party)",
+}
+
+
+def set_what(point: dict) -> str:
+    """The headline table's description of a replay point and the appearance replayed (``name@N``: an early one,
+    else the set's last); ``-`` for a set :data:`SET_WHAT` does not know."""
+    stem, _, early = str(point["name"]).partition("@")
+    if stem not in SET_WHAT:
+        return "-"
+    when = "an early" if early else "the last"
+    return f"{SET_WHAT[stem]}; {when} appearance ({_int(point.get('eval_epoch'))}) replayed"
+
+
+def vs_best(payload: dict, default: str = DEFAULT) -> list[tuple[dict, float]]:
+    """``(point, the default's time / the better of none and suffix)`` at the reference cost model, each with its
+    own drafter CPU (``time_cpu_vs_best``), for every point that has the figure."""
     c = c_tok_key(payload)
-    what = dict(zip(HEADLINE_SETS, ("a large batch of a frozen policy", "a converged GRPO run")))
-    bits = []
-    for name in sorted(sets, key=lambda n: n != HEADLINE_SETS[1]):
-        p = find_point(payload, name)
-        if p is not None and math.isfinite(ratio(p, c, default, "time_cpu_vs_none")):
-            bits.append(f"{_num(ratio(p, c, default, 'time_cpu_vs_none'))}x"
-                        + (" the time without speculation" if not bits else "")
-                        + f" on {what.get(name, 'a set')} (`{name}`; vLLM's `suffix`: "
-                          f"{_num(ratio(p, c, 'suffix', 'time_cpu_vs_none'))}x)")
-    vals = [v for v in (ratio(p, c, default, "time_cpu_vs_none") for p in payload["points"]) if math.isfinite(v)]
-    if not bits and not vals:
-        return "_The suite JSON has no result for the default drafter._"
-    head = " and ".join(bits) if bits else f"{_num(min(vals))}-{_num(max(vals))}x the time without speculation"
+    found = [(p, ratio(p, c, default, "time_cpu_vs_best")) for p in payload["points"]]
+    return [(p, v) for p, v in found if math.isfinite(v) and v > 0]
+
+
+def headline_sentence(payload: dict, default: str = DEFAULT) -> str:
+    """The headline: the default against the better of no speculation and vLLM's ``suffix`` on each replay point,
+    with the drafters' own CPU: the geometric mean, the range and how many points are slower, over every point."""
+    found = vs_best(payload, default)
+    if not found:
+        return "_The suite JSON has no result for the default drafter against none and `suffix`._"
+    vals = [v for _, v in found]
+    mean = math.exp(sum(map(math.log, vals)) / len(vals))
     n = len(payload["points"])
-    over = f"all {n}" if len(vals) == n else f"the {len(vals)} of {n}"
-    span = f", {_num(min(vals))}-{_num(max(vals))}x over {over} replay points" if bits and vals else ""
-    return ("das-trl drafts each GRPO rollout from the run's own earlier rollouts: replaying recorded runs, the "
-            f"default drafter's rollout batch takes {head}{span} (cost-model time at "
-            f"c_tok {_c(c)} ms per token with the drafter's own CPU counted, not a measured GPU wall time).")
+    over = f"{n} recorded rollout batches" if len(vals) == n else f"{len(vals)} of {n} recorded rollout batches"
+    slower = sum(v > 1.0 for v in vals)
+    return ("das-trl drafts each GRPO rollout from the run's own earlier rollouts. Replaying "
+            f"{over} (table below), the default drafter's batch takes {_num(mean)}x the time of the better of no "
+            f"speculation and vLLM's `suffix` on each batch (geometric mean; range {_num(min(vals))}x to "
+            f"{_num(max(vals))}x, slower than that baseline on {slower} of the {len(vals)}), each drafter's own CPU "
+            "counted, in "
+            f"cost-model time, not GPU wall time (c_tok {_c(c_tok_key(payload))} ms per verified token).")
+
+
+def headline_table(payload: dict, default: str = DEFAULT) -> str:
+    """The headline's points: set, what it is, requests, problems, the default vs none and vs the better of none
+    and ``suffix`` (times with each drafter's CPU)."""
+    c = c_tok_key(payload)
+    rows = [[f"`{p['name']}`", set_what(p), _int(p.get("requests")), _int(p.get("problems")),
+             _num(ratio(p, c, default, "time_cpu_vs_none")), f"**{_num(ratio(p, c, default, 'time_cpu_vs_best'))}**"]
+            for p in payload["points"]]
+    return _table(["batch replayed", "what it is", "requests", "problems", "default / none",
+                   "default / better of none and `suffix`"], rows, ["---", "---"] + ["---:"] * 4)
+
+
+def headline_block(payload: dict, default: str = DEFAULT) -> str:
+    return headline_sentence(payload, default) + "\n\n" + headline_table(payload, default)
 
 
 def readme_block(payload: dict, default: str = DEFAULT) -> str:
-    return (headline_sentence(payload, default) + "\n\n"
+    return (headline_block(payload, default) + "\n\n"
             f"![Running requests over time: none, suffix, the default, oracle-text](docs/img/{HEADLINE_PNG})\n\n"
             "How this is measured, every set and the bounds: [docs/benchmarks.md](docs/benchmarks.md).")
 
 
 def page_blocks(payload: dict, default: str = DEFAULT) -> dict[str, Callable[[], str]]:
     """The blocks of ``docs/benchmarks.md`` by marker name (each a function: only the blocks a page has run)."""
-    return {"settings": lambda: settings_block(payload), "headline": lambda: headline_sentence(payload, default),
+    return {"settings": lambda: settings_block(payload), "headline": lambda: headline_block(payload, default),
             "main-table": lambda: main_table(payload, None, default),
             "cost-table": lambda: cost_table(payload, default),
             "sets-table": lambda: sets_table(payload), "reliability": lambda: reliability_block(payload, default),
