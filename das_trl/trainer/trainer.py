@@ -37,15 +37,12 @@ from das_trl.drafter.rollout_log import RolloutRecord, append_records
 from das_trl.trainer.callback import DASHistoryCallback, DASHistoryMirror
 from das_trl.trainer.config import das_settings, validate_das_settings
 from das_trl.trainer.generation import DASVLLMGeneration
+from das_trl.trainer.history_sync import push_history
 from das_trl.trainer.problem_ids import problem_ids_of
-from das_trl.vllm.client import DASEngineError, PartialEngineError
+from das_trl.vllm.client import DASEngineError
 from das_trl.vllm.sampling_check import check_sampling_params, format_issues, trl_sampling_params
 
 logger = logging.getLogger(__name__)
-
-# Proposer counters whose per-step differences become das/* metrics; the budget source's own counters (named in
-# stats()["budget_counters"]) are added to these, and its other budget_* values are logged as they are.
-_COUNTERS = ("request_rounds", "drafts", "draft_tokens", "accepted_tokens", "verified_drafts", "speculation_seconds")
 
 
 class DASGRPOTrainer(GRPOTrainer):
@@ -241,73 +238,14 @@ class DASGRPOTrainer(GRPOTrainer):
             self._das_mirror.record(prompts, completions, problem_keys)
         engine = self.vllm_generation.engine
         if engine is not None and self._das_mirror is not None:
-            try:
-                stats_before = engine.stats()
-                started = time.perf_counter()
-                if self._das_stale:
-                    reply = engine.load_history(self._das_mirror.state())
-                    metrics["das/history_reloads"] = 1.0
-                elif prompts:
-                    try:
-                        reply = engine.add_history(prompts, completions, problem_keys)
-                    except PartialEngineError as exc:
-                        # Some data-parallel engines took the push and others did not: their digests now differ
-                        # from the mirror's, and the check below reloads the mirror into every engine at once.
-                        logger.warning("DAS history push reached only some engines (repairing now): %s", exc)
-                        reply = {"stats": stats_before}
-                else:
-                    reply = {"stats": stats_before}
-                self._das_stale = False
-                metrics["das/history_repairs"] = float(self._das_verify_engine(engine))
-                metrics["das/history_update_seconds"] = time.perf_counter() - started
-                stats = engine.stats() if metrics["das/history_repairs"] else reply["stats"]
-                if "drafter_backend" in stats:  # the engine's own word (a server's drafter)
-                    metrics["das/native_core"] = float(stats["drafter_backend"] == "native")
-                metrics.update(self._das_step_metrics(stats_before))
-                metrics.update({
-                    "das/history_problems": stats.get("history_problems", 0),
-                    "das/history_tokens": stats.get("history_tokens", 0),
-                    "das/history_bytes": stats.get("history_bytes", 0),
-                    # The live pool at the end of the step's generation, before the push released the pushed
-                    # problems' finished outputs (bounded by das_live_token_budget); evictions are cumulative.
-                    "das/live_running_tokens": stats_before.get("live_running_tokens", 0),
-                    "das/live_finished_tokens": stats_before.get("live_finished_tokens", 0),
-                    "das/live_bytes": stats_before.get("live_approx_bytes", 0),
-                    "das/live_evicted_outputs": stats_before.get("live_evicted_outputs", 0),
-                })
-            except DASEngineError as exc:
-                logger.warning("DAS history push failed (training continues; the next push reloads the whole "
-                               "history into the engine): %s", exc)
-                self._das_stale = True
-                metrics["das/history_push_failures"] = 1.0
+            pushed, self._das_stale = push_history(engine, self._das_mirror, prompts, completions, problem_keys,
+                                                   stale=self._das_stale, last_counters=self._das_last_counters)
+            metrics.update(pushed)
         if self.das["record_rollouts"] and prompts and self.accelerator.is_main_process:
             self._das_record(prompts, completions)
         mode = "train"
         for key, value in metrics.items():
             self._metrics[mode][key].append(float(value))
-
-    def _das_verify_engine(self, engine: Any) -> bool:
-        """Compare every worker's history digest with the mirror's; reload the mirror into a diverged engine.
-
-        Returns:
-            True if the engine had diverged and was repaired.
-
-        Raises:
-            DASEngineError: the engine cannot be asked, or still differs after the reload.
-        """
-        expected = self._das_mirror.digest()
-        digests = engine.labelled_history_digests()
-        if all(d == expected for d in digests.values()):
-            return False
-        diverged = {label: d for label, d in digests.items() if d != expected}
-        logger.warning("DAS history of %s diverged from the trainer's (%s; expected %s): reloading the trainer's "
-                       "history into every engine", engine.name, diverged, expected)
-        engine.load_history(self._das_mirror.state())
-        digests = engine.labelled_history_digests()
-        if any(d != expected for d in digests.values()):
-            raise DASEngineError(f"{engine.name}: history still differs from the trainer's after a reload "
-                                 f"(worker digests {digests}, expected {expected})")
-        return True
 
     def das_restore_history(self, checkpoint_dir: str) -> bool:
         """Load ``checkpoint_dir/das_history.npz`` into the mirror and every engine (done by :meth:`train` when
@@ -372,24 +310,3 @@ class DASGRPOTrainer(GRPOTrainer):
             for p, c in zip(prompts, completions)
         ]
         append_records(self.das["record_rollouts"], records)
-
-    def _das_step_metrics(self, stats: dict[str, Any]) -> dict[str, float]:
-        """Per-step differences of the proposer's counters, as das/* metrics; the budget source's diagnostics as
-        ``das/budget/<name>`` (differences for its counters, values for the rest)."""
-        budget_counters = [k for k in stats.get("budget_counters", []) if isinstance(stats.get(k), (int, float))]
-        keys = (*_COUNTERS, *budget_counters)
-        delta = {k: float(stats.get(k, 0)) - self._das_last_counters.get(k, 0.0) for k in keys}
-        self._das_last_counters = {k: float(stats.get(k, 0)) for k in keys}
-        rounds = delta["request_rounds"]
-        budget = {f"das/budget/{k[len('budget_'):]}": (delta[k] if k in delta else float(v))
-                  for k, v in stats.items()
-                  if k.startswith("budget_") and isinstance(v, (int, float)) and not isinstance(v, bool)}
-        return {
-            **budget,
-            "das/draft_tokens": delta["draft_tokens"],
-            "das/accepted_tokens": delta["accepted_tokens"],
-            "das/acceptance_rate": delta["accepted_tokens"] / delta["draft_tokens"] if delta["draft_tokens"] else 0.0,
-            "das/tokens_per_round": (rounds + delta["accepted_tokens"]) / rounds if rounds else 1.0,
-            "das/speculated_share": delta["drafts"] / rounds if rounds else 0.0,
-            "das/speculation_seconds": delta["speculation_seconds"],
-        }
