@@ -152,3 +152,125 @@ def test_benchmarks_page_is_short_and_its_tables_come_from_the_committed_json():
     # The check can fail: a hand-edited figure in the table is caught.
     edited = bench.read_text().replace("| **", "| **9", 1)
     assert page.replace_blocks(edited, blocks) != edited
+
+
+# ---------------------------------------------------------------------------- references that must resolve
+#: Pages whose links and references are checked: the user pages, the recipes' READMEs (not in the mkdocs site, so
+#: mkdocs' own anchor validation never sees them) and the changelog's links (its prose may name old files).
+REFERENCE_PAGES = USER_PAGES + sorted((ROOT / "recipes").rglob("README.md"))
+_FENCE = re.compile(r"^\s*(```|~~~)")
+_HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
+_LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+#: "`docs/benchmarks.md`, "Reproduce"": a section named in prose.
+_NAMED_SECTION = re.compile(r"`?docs/([\w-]+\.md)`?,\s*\"([^\"]+)\"")
+_DOCS_ANCHOR = re.compile(r"\bdocs/([\w-]+\.md)#([\w-]+)")
+_DOCS_PAGE = re.compile(r"\bdocs/([\w-]+\.md)\b")
+#: A test file (``tests/x/test_y.py``, or ``test_y.py`` alone), optionally with ``::test_function``.
+_TEST_FILE = re.compile(r"(?<![\w/])((?:tests/)?(?:\w+/)*test_\w+\.py|tests/[\w/]+\.py)(?:::(\w+))?")
+#: A test function named alone (``test_x``; ``test_reliability_*`` is a pattern, not a name).
+_TEST_NAME = re.compile(r"(?<![\w/.:])(test_\w+)(?![\w.*])")
+
+
+def _headings(page: Path) -> list[str]:
+    """The text of every Markdown heading of ``page`` outside fenced code, inline markup removed."""
+    out, fenced = [], False
+    for line in page.read_text().splitlines():
+        if _FENCE.match(line):
+            fenced = not fenced
+            continue
+        match = None if fenced else _HEADING.match(line)
+        if match:
+            text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", match.group(2))
+            out.append(text.replace("`", "").replace("**", "").replace("*", ""))
+    return out
+
+
+def _anchors(page: Path) -> set[str]:
+    """The ids Python-Markdown's toc extension (mkdocs) gives ``page``'s headings: its slugify, ``_1``, ``_2`` ... for
+    repeats."""
+    from markdown.extensions.toc import slugify
+
+    seen: dict[str, int] = {}
+    out = set()
+    for heading in _headings(page):
+        slug = slugify(heading, "-")
+        out.add(slug if slug not in seen else f"{slug}_{seen[slug]}")
+        seen[slug] = seen.get(slug, 0) + 1
+    return out
+
+
+def _test_functions() -> set[str]:
+    return {name for path in (ROOT / "tests").rglob("*.py")
+            for name in re.findall(r"^\s*(?:async )?def (test_\w+)\(", path.read_text(), re.M)}
+
+
+def broken_references(page: Path, test_names: set[str]) -> list[str]:
+    """Every link or reference of ``page`` that does not resolve: a linked file that does not exist, a ``#section``
+    no heading of the target page has, a section named in prose (`` `docs/x.md`, "Title" ``) that is not a heading
+    there, a ``docs/x.md`` path that does not exist, and a test file, ``file::function`` or test function the tests
+    do not have (renamed or removed)."""
+    text, found = page.read_text(), []
+    if page.name.lower() != "changelog.md":  # the changelog's history may name files since renamed; its links must work
+        for match in _NAMED_SECTION.finditer(text):
+            target = ROOT / "docs" / match.group(1)
+            if not target.is_file() or match.group(2) not in _headings(target):
+                found.append(f"section {match.group(0)}")
+        for match in _DOCS_PAGE.finditer(text):
+            if not (ROOT / "docs" / match.group(1)).is_file():
+                found.append(f"page {match.group(0)}")
+        for match in _TEST_FILE.finditer(text):
+            name, function = match.groups()
+            files = ([ROOT / name] if name.startswith("tests/")
+                     else list((ROOT / "tests").rglob(Path(name).name)))
+            files = [f for f in files if f.is_file()]
+            if not files:
+                found.append(f"test file {name}")
+            elif function and not any(re.search(rf"^\s*(?:async )?def {function}\(", f.read_text(), re.M)
+                                      for f in files):
+                found.append(f"test {name}::{function}")
+        found += [f"test {name}" for name in _TEST_NAME.findall(text) if name not in test_names]
+    for match in _DOCS_ANCHOR.finditer(text):
+        target = ROOT / "docs" / match.group(1)
+        if not target.is_file() or match.group(2) not in _anchors(target):
+            found.append(f"anchor {match.group(0)}")
+    for link in _LINK.findall(text):
+        if link.startswith(("http://", "https://", "mailto:")):
+            continue
+        path, _, anchor = link.partition("#")
+        target = page if not path else (page.parent / path).resolve()
+        if not target.exists():
+            found.append(f"link {link}")
+        elif anchor and target.suffix == ".md" and anchor not in _anchors(target):
+            found.append(f"link {link} (no such section)")
+    return found
+
+
+def test_links_sections_and_test_files_named_in_the_docs_exist():
+    names = _test_functions()
+    pages = REFERENCE_PAGES + [ROOT / "CHANGELOG.md"]
+    broken = [f"{page.relative_to(ROOT)}: {ref}" for page in pages for ref in broken_references(page, names)]
+    # The code's own help texts and docstrings point users at docs pages and sections too.
+    for path in sorted((ROOT / "das_trl").rglob("*.py")):
+        text = path.read_text()
+        broken += [f"{path.relative_to(ROOT)}: page {m.group(0)}" for m in _DOCS_PAGE.finditer(text)
+                   if not (ROOT / "docs" / m.group(1)).is_file()]
+        broken += [f"{path.relative_to(ROOT)}: anchor {m.group(0)}" for m in _DOCS_ANCHOR.finditer(text)
+                   if m.group(2) not in _anchors(ROOT / "docs" / m.group(1))]
+    assert not broken, "references that do not resolve:\n" + "\n".join(broken)
+
+
+def test_reference_check_fails_on_each_kind_of_broken_reference(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("# A page\n\n## Window (`das_window`, default 16)\n\n```bash\n# not a heading\n```\n\n"
+                    "[ok](#window-das_window-default-16) [ok too](#a-page)\n")
+    assert broken_references(page, set()) == []
+    assert "not-a-heading" not in _anchors(page)
+    page.write_text(page.read_text()
+                    + "[gone](#no-such-section) [missing](missing.md) see `docs/tuning.md`, \"No such section\"; "
+                      "`docs/tuning.md#no-such-anchor`, docs/no-such-page.md, tests/test_no_such_file.py, "
+                      "`tests/test_docs.py::test_no_such_test`, `test_no_such_function`\n")
+    found = broken_references(page, _test_functions())
+    assert found == ['section `docs/tuning.md`, "No such section"', "page docs/no-such-page.md",
+                     "test file tests/test_no_such_file.py", "test tests/test_docs.py::test_no_such_test",
+                     "test test_no_such_function", "anchor docs/tuning.md#no-such-anchor",
+                     "link #no-such-section (no such section)", "link missing.md"], found
