@@ -78,3 +78,14 @@ def test_draft_tokens_trimmed_by_the_scheduler_are_not_counted_as_rejected(rng):
     _round(worker, prompts, texts, [("a", 0, 6)])  # one sampled token: 0 of the 3 verified tokens accepted
     assert drafter.stats()["calibration_tokens"] == 3
     assert worker.proposer.stats()["accepted_tokens"] == 0
+
+
+def test_history_bytes_count_the_native_automata(rng):
+    """``history_bytes`` (logged as das/history_bytes) is what the history costs the engine: the token storage plus
+    the native core's automata, not the token storage alone (4 B per token)."""
+    worker, _, _ = _setup(rng)
+    d = worker.proposer.drafter.stats()
+    stats = worker.proposer.stats()
+    assert d["backend"] == "native" and d["index_bytes"] + d["global_bytes"] > 0
+    assert stats["history_bytes"] == d["approx_bytes"] + d["index_bytes"] + d["global_bytes"]
+    assert stats["history_bytes"] > 4 * stats["history_tokens"]

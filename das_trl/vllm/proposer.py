@@ -329,7 +329,9 @@ class DASProposer:
         ``peak_step_tokens`` (the most tokens one step offered the engine: its rows plus their draft tokens),
         ``max_num_batched_tokens`` (the engine's token budget per step, draft tokens included), ``budget_*``: the
         budget controller's diagnostics (:meth:`BudgetController.stats` prefixed), ``budget_counters`` (which ``budget_*`` keys are cumulative), ``num_speculative_tokens``, ``history_problems``,
-        ``history_appearances``, ``history_sequences``, ``history_tokens``, ``history_bytes`` (approximate),
+        ``history_appearances``, ``history_sequences``, ``history_tokens``, ``history_bytes`` (the history's token
+        storage plus the native core's history automata, ``index_bytes`` + ``global_bytes``; the reference drafter
+        counts its support table instead of its trees),
         ``history_evicted_appearances``, ``active_requests``, ``calibration_tokens`` (verified draft tokens the drafter's
         acceptance calibration learned from), the drafter's live pool (``live_running_tokens``,
         ``live_finished_tokens``, ``live_token_budget``, ``live_evicted_outputs``, ``live_approx_bytes``: see
@@ -354,7 +356,8 @@ class DASProposer:
             history_appearances=d["appearances"],
             history_sequences=d["sequences"],
             history_tokens=d["tokens"],
-            history_bytes=d["approx_bytes"] + d["support_table_bytes"],
+            history_bytes=(d["approx_bytes"] + d["support_table_bytes"] + d.get("index_bytes", 0)
+                           + d.get("global_bytes", 0)),
             history_evicted_appearances=d["evicted_appearances"],
             active_requests=d["active_requests"],
             history_pending_updates=d["pending_updates"],
