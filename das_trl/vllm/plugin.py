@@ -8,8 +8,9 @@ logger = logging.getLogger("vllm.das_trl.plugin")
 def register() -> None:
     """Called by vLLM's plugin loader in every vLLM process (front end, engine core, workers).
 
-    Installs the CPU rejection-sampler fix (see :mod:`das_trl.vllm.cpu_sampling_fix`); never raises, so a problem
-    with the fix cannot stop vLLM from starting (it logs a warning instead).
+    Installs the CPU rejection-sampler fix (:mod:`das_trl.vllm.cpu_sampling_fix`) and the verification-logprobs patch
+    (:mod:`das_trl.vllm.verification_logprobs`: logprobs at the verified positions only); never raises, so a problem
+    with either cannot stop vLLM from starting (it logs a warning instead).
     """
     try:
         from das_trl.vllm.cpu_sampling_fix import install_fix
@@ -17,3 +18,9 @@ def register() -> None:
         install_fix()
     except Exception:  # noqa: BLE001 - a plugin must not break vLLM start-up
         logger.warning("das_trl: could not install the CPU sampling fix", exc_info=True)
+    try:
+        from das_trl.vllm.verification_logprobs import install_patch
+
+        install_patch()
+    except Exception:  # noqa: BLE001 - a plugin must not break vLLM start-up
+        logger.warning("das_trl: could not install the verification-logprobs patch", exc_info=True)
