@@ -12,7 +12,8 @@ from .cost_model import CostModel, OnlineCostFit
 
 #: Why ``das_length_policy`` / ``length_policy`` (the earlier tier policy beside the controller) is refused.
 LENGTH_POLICY_REMOVED = (
-    "das_length_policy (length_policy) was removed in das-trl 0.2: the batch budget controller is the only budget path "
+    "das_length_policy (length_policy), the earlier tier policy, is no longer supported (it was removed while das-trl "
+    "0.1.0 was developed): the batch budget controller is the only budget path "
     "of the trainer and the engine; set das_budget_controller (a dict of das_trl.budget.ControllerConfig fields, e.g. "
     "{\"c_base_ms\": 7.0, \"c_tok_ms\": 0.025}) instead. The paper's length tiers remain as the replay baseline "
     "`das+policy` (`das-trl bench replay --drafters das+policy`)")

@@ -35,9 +35,10 @@ class DrafterConfig:
         window: appearances of a problem kept (one appearance = the group of
             completions a problem got in one ``add_rollouts`` call, i.e. one GRPO step).
         history_token_budget: total completion tokens kept across all problems; when
-            exceeded, whole appearances are evicted oldest-first across problems. Trees
-            cost about 0.55-0.65 KB of RAM per history token (docs/reliability.md), so
-            the default 8M tokens is about 5 GiB.
+            exceeded, whole appearances are evicted oldest-first across problems. The native
+            core holds about 0.1-0.17 KB of RAM per history token at the default tree depth
+            (measured on recorded rollouts, docs/tuning.md), so the default 8M tokens is about
+            1.3 GiB at most (the reference's trees took 0.55-1 KB per token at depth 32).
         recent_appearance_weight: the newest appearance of each problem counts this many
             times in its problem tree (older ones once), so the tree's probabilities lean
             towards the current policy (the paper down-weights older epochs). 1 = equal
@@ -82,9 +83,9 @@ class DrafterConfig:
             finished outputs hold more than this, the oldest (stop order) are dropped until they
             hold at most half of it (``reference/live.py``: exact rule). Running requests are never evicted. It
             keeps an engine that never receives ``add_rollouts`` (evaluation, a trainer that pushes rarely)
-            bounded: a finished output sits in the sibling and the batch tree, about 0.8 KB of
-            RAM per token with random tokens (docs/reliability.md), so the default 2M tokens
-            is about 1.6 GB at most. 2M tokens hold one whole step of 256 rollouts of 8k
+            bounded: a finished output sits in the sibling and the batch automaton, about 0.43 KB
+            of RAM per token with random tokens in the native core (docs/reliability.md), so the
+            default 2M tokens is about 0.9 GB at most. 2M tokens hold one whole step of 256 rollouts of 8k
             tokens; past that the newest outputs (the ones siblings still running are closest
             to) are the ones kept. 0 = finished outputs are dropped at once (replaces the
             former count cap ``max_lingering_finished``).

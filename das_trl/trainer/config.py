@@ -57,9 +57,10 @@ class DASGRPOConfig(GRPOConfig):
     das_history_token_budget: int = field(
         default=8_000_000,
         metadata={"help": "Total completion tokens kept in the history across all problems; the oldest "
-                          "appearances are evicted first. Each history token costs about 0.55-0.65 KB of engine RAM "
-                          "(suffix trees; measured, docs/reliability.md), so the default 8M is about 5 GiB; size it "
-                          "to the engine host."},
+                          "appearances are evicted first. The engine's drafter (the native core, tree depth 64) "
+                          "holds about 0.1-0.17 KB of RAM per history token (measured on recorded rollouts: "
+                          "docs/tuning.md; `das-trl bench history-memory --rollouts FILE` measures yours), so the "
+                          "default 8M is about 1.3 GiB at most; size it to the engine host."},
     )
     das_live_token_budget: int = field(
         default=2_000_000,
@@ -67,8 +68,9 @@ class DASGRPOConfig(GRPOConfig):
                           "live sibling/batch trees until their problem's next history push; when, after a request "
                           "stops, they hold more, the oldest are dropped down to half of it (running requests never "
                           "are). "
-                          "About 0.8 KB of engine RAM per token (two trees; measured, docs/reliability.md), so the "
-                          "default 2M is about 1.6 GB at most."},
+                          "About 0.43 KB of engine RAM per token at most (the sibling and the batch automaton, "
+                          "random tokens; measured, docs/reliability.md), so the default 2M is about 0.9 GB at "
+                          "most."},
     )
     das_max_spec_factor: float = field(
         default=_drafter_default("max_spec_factor"),
@@ -114,9 +116,9 @@ class DASGRPOConfig(GRPOConfig):
     )
     das_length_policy: dict | str | None = field(
         default=None,
-        metadata={"help": "Removed in 0.2 (the earlier tier policy): setting it is an error that names "
-                          "das_budget_controller, the one budget path. The paper's tiers remain as the replay "
-                          "baseline `das+policy`."},
+        metadata={"help": "No longer supported: the earlier tier policy was removed while 0.1.0 was developed, "
+                          "and setting it is an error that names das_budget_controller, the one budget path. The "
+                          "paper's tiers remain as the replay baseline `das+policy`."},
     )
     das_weight_sync: str = field(
         default="auto",
