@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("serve", help="start a vLLM OpenAI server running the DAS drafter (extra args go to vLLM)",
                    add_help=False)
-    sub.add_parser("bench", help="benchmarks: `das-trl bench replay|suite|page|record|live|drafter-speed|"
+    sub.add_parser("bench", help="benchmarks: `das-trl bench replay|suite|page|realdata|record|live|drafter-speed|"
                                         "controller-speed|history-memory|cost-profile ...`",
                    add_help=False)
     prep = sub.add_parser("prepare-model", help="convert the embedded SmolLM2-135M-Instruct once; print its path")
@@ -44,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
         benches = {"replay": "das_trl.bench.replay", "record": "das_trl.bench.record", "live": "das_trl.bench.live",
                    "drafter-speed": "das_trl.bench.drafter_speed", "history-memory": "das_trl.bench.history_memory",
                    "suite": "das_trl.bench.suite", "cost-profile": "das_trl.bench.cost_profile",
-                   "controller-speed": "das_trl.bench.controller_speed", "page": "das_trl.bench.page"}
+                   "controller-speed": "das_trl.bench.controller_speed", "page": "das_trl.bench.page",
+                   "realdata": "das_trl.bench.realdata"}
         if len(argv) < 2 or argv[1] not in benches:
             parser.error(f"das-trl bench needs one of: {', '.join(benches)}")
         import importlib

@@ -240,12 +240,19 @@ def readme_block(payload: dict, default: str = DEFAULT) -> str:
 
 
 def page_blocks(payload: dict, default: str = DEFAULT) -> dict[str, Callable[[], str]]:
-    """The blocks of ``docs/benchmarks.md`` by marker name (each a function: only the blocks a page has run)."""
+    """The blocks of the pages by marker name (each a function: only the blocks a page has run)."""
     return {"settings": lambda: settings_block(payload), "headline": lambda: headline_block(payload, default),
             "main-table": lambda: main_table(payload, None, default),
             "cost-table": lambda: cost_table(payload, default),
             "sets-table": lambda: sets_table(payload), "reliability": lambda: reliability_block(payload, default),
-            "readme": lambda: readme_block(payload, default)}
+            "readme": lambda: readme_block(payload, default), "realdata-sources": realdata_sources_block}
+
+
+def realdata_sources_block() -> str:
+    """Where the third-party sets come from (not from the JSON: :data:`das_trl.bench.realdata.SETS`)."""
+    from das_trl.bench.realdata import sources_block
+
+    return sources_block()
 
 
 def replace_blocks(text: str, blocks: dict[str, Callable[[], str]], where: str = "page") -> str:
