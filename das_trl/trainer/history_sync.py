@@ -65,6 +65,7 @@ def push_history(engine: DASEngine, mirror: DASHistoryMirror, prompts: Sequence[
         stats = engine.stats() if metrics["das/history_repairs"] else reply["stats"]
         if "drafter_backend" in stats:  # the engine's own word (a server's drafter)
             metrics["das/native_core"] = float(stats["drafter_backend"] == "native")
+        metrics.update(verification_metrics(stats))
         metrics.update(counter_metrics(stats_before, last_counters))
         metrics.update({
             "das/history_problems": stats.get("history_problems", 0),
@@ -107,6 +108,20 @@ def verify_engine_history(engine: DASEngine, mirror: DASHistoryMirror) -> bool:
         raise DASEngineError(f"{engine.name}: history still differs from the trainer's after a reload "
                              f"(worker digests {digests}, expected {expected})")
     return True
+
+
+def verification_metrics(stats: dict[str, Any]) -> dict[str, float]:
+    """The engine's verification limits as ``das/*`` metrics: ``das/verification_patched`` (1: logprobs at the
+    verified positions only, 0: vLLM's padded rows x (longest draft + 1)), ``das/verify_draft_limit`` and
+    ``das/verify_draft_len_limit`` (the most draft tokens per step and per row the profiled shape allows; absent:
+    no limit), ``das/peak_step_drafts`` and ``das/peak_draft_len`` (the most sent so far)."""
+    out = {}
+    if "verification_shape" in stats:
+        out["das/verification_patched"] = float(stats["verification_shape"] == "patched")
+    for key in ("verify_draft_limit", "verify_draft_len_limit", "peak_step_drafts", "peak_draft_len"):
+        if isinstance(stats.get(key), (int, float)) and not isinstance(stats.get(key), bool):
+            out[f"das/{key}"] = float(stats[key])
+    return out
 
 
 def counter_metrics(stats: dict[str, Any], last_counters: dict[str, float]) -> dict[str, float]:

@@ -24,11 +24,32 @@ from das_trl.drafter import DrafterConfig, create_drafter, problem_key
 from das_trl.budget import BudgetController, ControllerConfig
 from das_trl.drafter.conversation import ConversationKeys
 from das_trl.vllm.speculator import Speculator
+from das_trl.vllm.verification_logprobs import verification_shape
+from das_trl.vllm.verification_profile import VerificationLimits, install_profile_hook, verification_limits
 
 logger = logging.getLogger(__name__)
 
 # SamplingParams.extra_args key (OpenAI field ``vllm_xargs``) for an explicit problem id; GRPO siblings share it.
 PROBLEM_ID_KEY = "das_problem_id"
+
+
+def scheduler_token_budget(vllm_config: Any) -> int | None:
+    """The most tokens vLLM's scheduler issues in one step, draft tokens included: ``max_num_scheduled_tokens``
+    where the config sets it (vLLM 0.32 and 0.33 fill it from ``max_num_batched_tokens`` when speculation is on,
+    ``VllmConfig._set_max_num_scheduled_tokens``; 0.33 lets it be smaller), else ``max_num_batched_tokens``; ``None``
+    when neither is known."""
+    sched = getattr(vllm_config, "scheduler_config", None)
+    for name in ("max_num_scheduled_tokens", "max_num_batched_tokens"):
+        value = getattr(sched, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def _is_cpu_platform() -> bool:
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
 
 
 class DASProposer:
@@ -50,13 +71,22 @@ class DASProposer:
         self.engine_dtype = str(getattr(vllm_config.model_config, "dtype", "")).removeprefix("torch.") or None
         # One step = plan (which rows can pay), draft, cut (what pays): das_trl.vllm.speculator, the object the replay
         # benchmark drives too. Budgets come from the batch budget controller (das_trl.budget).
-        # vLLM's scheduler counts draft tokens against max_num_batched_tokens: never offer more than it schedules.
+        # vLLM's scheduler counts draft tokens against its token budget: never offer more than it schedules.
         sched = getattr(vllm_config, "scheduler_config", None)
         batched = getattr(sched, "max_num_batched_tokens", None)
         self.max_num_batched_tokens = int(batched) if batched else None
-        self.speculator = Speculator(create_drafter(DrafterConfig(max_spec_tokens=self.num_speculative_tokens)),
-                                     BudgetController(ControllerConfig()), self.max_model_len,
-                                     max_step_tokens=self.max_num_batched_tokens)
+        self.max_num_scheduled_tokens = scheduler_token_budget(vllm_config)
+        # Every step within the shape vLLM's memory profile ran (das_trl.vllm.verification_profile); on a GPU the
+        # profile hook makes that run include verification with logprobs.
+        self.verification_shape = verification_shape()
+        self.verification_limits: VerificationLimits | None = None
+        if sched is not None:
+            self.verification_limits = verification_limits(vllm_config, self.verification_shape,
+                                                           cpu=_is_cpu_platform())
+        if self.verification_limits is not None and self.verification_limits.draft_tokens is not None:
+            install_profile_hook()
+        self.speculator = self._speculator(create_drafter(DrafterConfig(max_spec_tokens=self.num_speculative_tokens)),
+                                           BudgetController(ControllerConfig()))
         self._step_end: float | None = None  # _clock() at the end of the last propose (online cost fit)
         self._clock = time.perf_counter      # seconds; replaceable in tests
         self._runner: Any = None
@@ -70,6 +100,14 @@ class DASProposer:
         self._conversation_lock = threading.Lock()
         self._counters = dict(rounds=0, unattached_rounds=0, speculation_seconds=0.0)
 
+    def _speculator(self, drafter: Any, controller: BudgetController) -> Speculator:
+        """A :class:`Speculator` with the engine's limits: the scheduler's token budget and the profiled
+        verification shape."""
+        limits = self.verification_limits
+        return Speculator(drafter, controller, self.max_model_len, max_step_tokens=self.max_num_scheduled_tokens,
+                          max_step_drafts=None if limits is None else limits.draft_tokens,
+                          max_draft_len=None if limits is None else limits.longest_draft)
+
     @property
     def drafter(self) -> Any:
         """The drafter (``das_trl.drafter.create_drafter``); assigning one replaces it for the next steps."""
@@ -79,8 +117,7 @@ class DASProposer:
     def drafter(self, drafter: Any) -> None:
         for req_id in self.speculator.tracked():
             self.speculator.finish(req_id)
-        self.speculator = Speculator(drafter, self.speculator.controller, self.max_model_len,
-                                     max_step_tokens=self.max_num_batched_tokens)
+        self.speculator = self._speculator(drafter, self.speculator.controller)
 
     @property
     def controller(self) -> BudgetController:
@@ -325,9 +362,15 @@ class DASProposer:
         ``speculation_seconds`` (time spent in :meth:`propose`), ``speculated_rows`` (request-rounds the drafter
         drafted: the controller's plan found they could pay), ``silent_steps`` (steps in which no row was drafted),
         ``quiet_steps`` (silent steps that also skipped the plan: nothing paid at the last one),
-        ``capped_steps`` (steps whose kept drafts were cut to the engine's ``max_num_batched_tokens``),
-        ``peak_step_tokens`` (the most tokens one step offered the engine: its rows plus their draft tokens),
-        ``max_num_batched_tokens`` (the engine's token budget per step, draft tokens included), ``budget_*``: the
+        ``capped_steps`` (steps whose kept drafts were cut to the scheduler's token budget or the verification
+        limits), ``peak_step_tokens`` (the most tokens one step offered the engine: its rows plus their draft tokens),
+        ``peak_step_drafts`` / ``peak_draft_len`` (the most draft tokens one step, and one row, sent),
+        ``max_num_batched_tokens`` (the engine's tokens per forward pass), ``max_num_scheduled_tokens`` (the
+        scheduler's token budget per step, draft tokens included: the step cap), ``verification_shape``
+        (``"patched"``: verification logprobs at the verified positions only; ``"padded"``: vLLM's rows x (longest
+        draft + 1), :mod:`das_trl.vllm.verification_logprobs`), ``verify_profiled_rows``, ``verify_draft_limit``,
+        ``verify_draft_len_limit`` and ``verify_limit_source`` (the profiled verification shape and the per-step
+        limits derived from it, ``None``: no limit; :mod:`das_trl.vllm.verification_profile`), ``budget_*``: the
         budget controller's diagnostics (:meth:`BudgetController.stats` prefixed), ``budget_counters`` (which ``budget_*`` keys are cumulative), ``num_speculative_tokens``, ``history_problems``,
         ``history_appearances``, ``history_sequences``, ``history_tokens``, ``history_bytes`` (the history's token
         storage plus the native core's history automata, ``index_bytes`` + ``global_bytes``; the reference drafter
@@ -339,13 +382,20 @@ class DASProposer:
         multi-turn keys, at most 65,536), ``source_<name>`` (drafts won by each source) and ``drafter_backend``
         (``"native"`` or ``"python"``).
         """
+        limits = self.verification_limits
         out: dict[str, Any] = {"attached": self.attached, "num_speculative_tokens": self.num_speculative_tokens,
-                               "engine_dtype": self.engine_dtype, "max_num_batched_tokens": self.max_num_batched_tokens}
+                               "engine_dtype": self.engine_dtype, "max_num_batched_tokens": self.max_num_batched_tokens,
+                               "max_num_scheduled_tokens": self.max_num_scheduled_tokens,
+                               "verification_shape": self.verification_shape,
+                               "verify_profiled_rows": None if limits is None else limits.profiled_rows,
+                               "verify_draft_limit": None if limits is None else limits.draft_tokens,
+                               "verify_draft_len_limit": None if limits is None else limits.longest_draft,
+                               "verify_limit_source": None if limits is None else limits.source}
         out.update(self._counters)
         spec = self.speculator.counters
         out.update({k: spec[k] for k in ("request_rounds", "drafts", "draft_tokens", "verified_drafts",
                                          "accepted_tokens", "speculated_rows", "silent_steps", "quiet_steps",
-                                         "capped_steps", "peak_step_tokens")})
+                                         "capped_steps", "peak_step_tokens", "peak_step_drafts", "peak_draft_len")})
         # The controller's diagnostics, by prefix; `budget_counters` names the cumulative ones (the trainer logs
         # their per-step differences and the rest as they are).
         out.update({f"budget_{k}": v for k, v in self.controller.stats().items()})

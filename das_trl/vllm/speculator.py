@@ -47,26 +47,36 @@ class Speculator:
         max_model_len: the engine's model length: a draft never runs past it.
         native_book: keep the per-request records in the native core (:class:`NativeRequestBook`; same results as
             the numpy :class:`RequestBook`); ``None``: when the drafter is native.
-        max_step_tokens: the most tokens the engine schedules in one step (vLLM's ``max_num_batched_tokens``, draft
-            tokens included): the step's rows plus their kept draft tokens never exceed it
-            (:func:`~das_trl.budget.step_cap.cap_step_tokens`, far positions cut first); ``None``: no cap.
+        max_step_tokens: the most tokens the engine schedules in one step (vLLM's scheduler token budget,
+            ``max_num_scheduled_tokens``, draft tokens included): the step's rows plus their kept draft tokens never
+            exceed it (:func:`~das_trl.budget.step_cap.cap_step_tokens`, far positions cut first); ``None``: no cap.
+        max_step_drafts: the most draft tokens one step verifies (the engine's profiled verification shape,
+            :mod:`das_trl.vllm.verification_profile`), cut the same way; ``None``: no limit.
+        max_draft_len: the most draft tokens of one row (the profiled shape where vLLM's logprob path is padded to
+            the longest draft); ``None``: no limit.
 
     Raises:
-        ValueError: ``native_book=True`` with a drafter that is not native, ``max_model_len < 1`` or
-        ``max_step_tokens < 1``.
+        ValueError: ``native_book=True`` with a drafter that is not native, ``max_model_len < 1``,
+        ``max_step_tokens < 1``, or ``max_step_drafts`` / ``max_draft_len`` below 0.
     """
 
     def __init__(self, drafter: Any, controller: BudgetController, max_model_len: int,
-                 native_book: bool | None = None, max_step_tokens: int | None = None) -> None:
+                 native_book: bool | None = None, max_step_tokens: int | None = None,
+                 max_step_drafts: int | None = None, max_draft_len: int | None = None) -> None:
         if int(max_model_len) < 1:
             raise ValueError(f"max_model_len must be >= 1, got {max_model_len}")
         if max_step_tokens is not None and int(max_step_tokens) < 1:
-            raise ValueError(f"max_step_tokens must be >= 1 (vLLM's max_num_batched_tokens) or None, got "
+            raise ValueError(f"max_step_tokens must be >= 1 (vLLM's scheduler token budget) or None, got "
                              f"{max_step_tokens}")
+        for name, value in (("max_step_drafts", max_step_drafts), ("max_draft_len", max_draft_len)):
+            if value is not None and int(value) < 0:
+                raise ValueError(f"{name} must be >= 0 or None (no limit), got {value}")
         self.drafter = drafter
         self.controller = controller
         self.max_model_len = int(max_model_len)
         self.max_step_tokens = None if max_step_tokens is None else int(max_step_tokens)
+        self.max_step_drafts = None if max_step_drafts is None else int(max_step_drafts)
+        self.max_draft_len = None if max_draft_len is None else int(max_draft_len)
         self._slot_of: dict[str, int] = {}
         self._free: list[int] = []
         self._by_slot = hasattr(drafter, "step_slots")
@@ -95,7 +105,7 @@ class Speculator:
         self._no_rows = (np.zeros(0, np.int32), np.zeros(0, np.float64))
         self.counters = dict(steps=0, request_rounds=0, speculated_rows=0, silent_steps=0, quiet_steps=0, drafts=0,
                              draft_tokens=0, verified_drafts=0, accepted_tokens=0, capped_steps=0,
-                             peak_step_tokens=0)
+                             peak_step_tokens=0, peak_step_drafts=0, peak_draft_len=0)
 
     def set_controller(self, controller: BudgetController) -> None:
         """Use another budget controller from the next step on (tracked requests keep their records)."""
@@ -249,8 +259,10 @@ class Speculator:
         if len(drafting):
             kept = ctl.cut(plan, out.accept[drafting], drafting)
             expected_kept = ctl.last_expected_kept
-            if self.max_step_tokens is not None and n + int(kept.sum()) > self.max_step_tokens:
-                kept, expected_kept = self._fit_step(out, drafting, kept, expected_kept, self.max_step_tokens - n)
+            room = self._draft_room(n)
+            longest = self.max_draft_len
+            if (room is not None and int(kept.sum()) > room) or (longest is not None and int(kept.max()) > longest):
+                kept, expected_kept = self._fit_step(out, drafting, kept, expected_kept, room, longest)
         else:
             kept, expected_kept = self._no_rows
         drafts, draft_tokens = book.finish(slots, plan.draft, drafting, kept, expected_kept, out, self.drafter,
@@ -266,14 +278,26 @@ class Speculator:
         c["draft_tokens"] += draft_tokens
         if n + draft_tokens > c["peak_step_tokens"]:  # the most tokens a step offered the engine (rows + drafts)
             c["peak_step_tokens"] = n + draft_tokens
+        if len(kept):  # the most draft tokens one step verified, and one row
+            c["peak_step_drafts"] = max(c["peak_step_drafts"], draft_tokens)
+            c["peak_draft_len"] = max(c["peak_draft_len"], int(kept.max()))
         return out
 
+    def _draft_room(self, n: int) -> int | None:
+        """The most draft tokens a step of ``n`` rows may keep: the scheduler's budget left after one token per row,
+        and the profiled verification limit (``None``: neither is set)."""
+        rooms = [limit for limit in (None if self.max_step_tokens is None else self.max_step_tokens - n,
+                                     self.max_step_drafts) if limit is not None]
+        return max(min(rooms), 0) if rooms else None
+
     def _fit_step(self, out: DraftBatch, drafting: np.ndarray, kept: np.ndarray, expected_kept: np.ndarray,
-                  room: int) -> tuple[np.ndarray, np.ndarray]:
-        """The cut's kept lengths capped to ``room`` draft tokens in all (:func:`cap_step_tokens`), and their
-        expected accepted tokens scaled by the share of the drafter's estimates that remains (rare: a step whose
-        drafts would overflow the engine's token budget)."""
-        capped = cap_step_tokens(kept, room)
+                  room: int | None, longest: int | None) -> tuple[np.ndarray, np.ndarray]:
+        """The cut's kept lengths capped to ``longest`` per row and ``room`` draft tokens in all
+        (:func:`cap_step_tokens`; ``None``: no such cap), and their expected accepted tokens scaled by the share of
+        the drafter's estimates that remains (a step whose drafts would overflow the engine's token budget or its
+        profiled verification shape)."""
+        capped = kept if longest is None else np.minimum(kept, longest)
+        capped = cap_step_tokens(capped, int(capped.sum()) if room is None else room)
         acc = out.accept[drafting]
         cols = np.arange(acc.shape[1])[None, :]
         before = np.where(cols < kept[:, None], acc, 0.0).sum(axis=1)
