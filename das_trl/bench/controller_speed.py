@@ -18,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
-from das_trl.budget.controller import BudgetController, ControllerConfig
+from das_trl.budget import BudgetController, ControllerConfig
 
 
 def measure(batch: int, k: int, problems: int, repeats: int, seed: int = 0) -> dict:

@@ -41,7 +41,7 @@ import argparse
 from pathlib import Path
 from typing import Sequence
 
-from das_trl.budget.controller import ControllerConfig
+from das_trl.budget import ControllerConfig
 from das_trl.budget.tiers import LengthPolicyConfig
 from das_trl.drafter import DrafterConfig
 

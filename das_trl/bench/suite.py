@@ -48,7 +48,7 @@ from das_trl.bench.replay import add_cpu_args
 from das_trl.bench.report import DEFAULT, format_point, format_summary, write_plot, write_suite_json
 from das_trl.bench.sets import find_sets, load_epochs, set_name, split_epochs
 from das_trl.bench.simulation import Bounds, ReplayResult, simulate
-from das_trl.budget.controller import ControllerConfig
+from das_trl.budget import ControllerConfig
 from das_trl.budget.tiers import LengthPolicyConfig
 from das_trl.drafter import DrafterConfig
 

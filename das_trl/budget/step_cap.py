@@ -1,4 +1,5 @@
-"""What the engine will schedule: the step's draft tokens capped by the scheduler's token budget.
+"""Caps on a step's total draft tokens: the controller's ``step_token_cap`` (smallest marginal gains first,
+:func:`apply_step_cap`) and the engine's token budget (far positions first, :func:`cap_step_tokens`).
 
 vLLM's scheduler counts draft tokens against ``max_num_batched_tokens`` (``vllm/v1/core/sched/scheduler.py``,
 ``Scheduler.schedule``: a running request is given ``min(tokens with its drafts, token budget left)`` tokens, its
@@ -43,3 +44,23 @@ def cap_step_tokens(lengths: np.ndarray, budget: int) -> np.ndarray:
         longer = np.flatnonzero(kept > lo)[:extra]
         out[longer] += 1
     return out
+
+
+def apply_step_cap(accept: np.ndarray, lengths: np.ndarray, value_ms: np.ndarray, c_tok_ms: float,
+                   cap: int) -> np.ndarray:
+    """Cut the step's total draft tokens to ``cap``, dropping the smallest marginal gains ``accept * V - c_tok``
+    first (each row stays a prefix: gains are non-increasing along a row). ``lengths``: ``int [n]``; returns a new
+    ``int32 [n]``; unchanged when ``cap <= 0`` or the total fits."""
+    lengths = np.asarray(lengths, dtype=np.int32)
+    total = int(lengths.sum())
+    if cap <= 0 or total <= cap:
+        return lengths.copy()
+    n, k = accept.shape
+    mask = np.arange(k)[None, :] < lengths[:, None]
+    gain = accept * value_ms[:, None] - c_tok_ms
+    vals = gain[mask]
+    kth = np.partition(vals, len(vals) - cap)[len(vals) - cap]
+    keep = mask & (gain > kth)
+    ties = np.flatnonzero((mask & (gain == kth)).ravel())[: cap - int(keep.sum())]
+    keep.ravel()[ties] = True
+    return keep.sum(axis=1).astype(np.int32)

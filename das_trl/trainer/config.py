@@ -107,7 +107,7 @@ class DASGRPOConfig(GRPOConfig):
                           "the draft tokens whose expected saving pays for their verification under the cost model "
                           "c_base + c_tok * tokens per forward pass. A step where nothing pays drafts nothing and "
                           "costs the engine almost nothing. A dict (or JSON) of "
-                          "das_trl.budget.controller.ControllerConfig fields, e.g. {\"c_base_ms\": 7.0, "
+                          "das_trl.budget.ControllerConfig fields, e.g. {\"c_base_ms\": 7.0, "
                           "\"c_tok_ms\": 0.025, \"draft_row_us\": 20.0}. None uses the defaults: 7 ms + 0.025 "
                           "ms/token (the DAS paper's GPU figures; measure your device with `das-trl bench "
                           "cost-profile`). {\"cost_source\": \"online\"} fits the cost model from the engine's "

@@ -11,7 +11,7 @@ the same object from recorded rollouts, so the replay measures exactly the calls
    a step where nothing paid, the plan itself is skipped until something it rests on is due to change
    (:meth:`BudgetController.quiet_step`): such a step is O(1) Python plus the drafter's hand-over.
 3. **Draft** the planned rows in one drafter call, each up to the length the plan set for it
-   (:func:`~das_trl.budget.controller.draft_caps`: no longer than its estimates can pay for, within the hard cap
+   (:func:`~das_trl.budget.gate.draft_caps`: no longer than its estimates can pay for, within the hard cap
    ``num_speculative_tokens`` and the model length).
 4. **Cut** (:meth:`BudgetController.cut`): keep, per drafted row, the tokens that pay, and never more tokens in the
    step than the engine schedules (``max_step_tokens``: vLLM's ``max_num_batched_tokens``); the drafter is told what

@@ -179,7 +179,7 @@ def attach_configs(fields: object, base: DrafterConfig | None = None) -> tuple[D
 
     Args:
         fields: the decoded JSON: :class:`~das_trl.drafter.DrafterConfig` fields overriding ``base``, optionally with
-            ``"budget_controller"``, an object of :class:`~das_trl.budget.controller.ControllerConfig` fields.
+            ``"budget_controller"``, an object of :class:`~das_trl.budget.config.ControllerConfig` fields.
         base: the config the fields override (default: ``DrafterConfig()``).
 
     Returns:
@@ -244,7 +244,7 @@ class DASWorkerExtension:
         Args:
             config_json: JSON object of :class:`~das_trl.drafter.DrafterConfig` fields ("" keeps the current config),
                 optionally with ``"budget_controller"``: an object of
-                :class:`~das_trl.budget.controller.ControllerConfig` fields. ``"length_policy"`` (the earlier
+                :class:`~das_trl.budget.config.ControllerConfig` fields. ``"length_policy"`` (the earlier
                 tier policy) is refused with a message naming ``budget_controller``.
 
         Returns:

@@ -1,15 +1,19 @@
-"""The batch budget controller (das_trl/budget/controller.py): its pure algebra against brute force, and the
-behaviour issue 13 asks for: absolute length awareness (a long-history problem drafts long even when it is the only
-problem, which the old ``tiers`` ranking gets wrong), nothing drafted when verification is expensive and acceptance
-low, the most drafted for the longest request when verification is cheap and the batch drains."""
+"""The batch budget controller (das_trl/budget/controller.py and the pure functions beside it): their algebra against
+brute force, and the behaviour issue 13 asks for: absolute length awareness (a long-history problem drafts long even
+when it is the only problem, which the old ``tiers`` ranking gets wrong), nothing drafted when verification is
+expensive and acceptance low, the most drafted for the longest request when verification is cheap and the batch
+drains."""
 
 import math
 
 import numpy as np
 import pytest
 
-from das_trl.budget.controller import (BudgetController, ControllerConfig, apply_step_cap, optimal_draft_lengths,
-                                        remaining_samples, survival, tail_probability)
+from das_trl.budget import BudgetController, ControllerConfig
+from das_trl.budget.draft_lengths import optimal_draft_lengths
+from das_trl.budget.remaining import remaining_samples
+from das_trl.budget.step_cap import apply_step_cap
+from das_trl.budget.tail import survival, tail_probability
 from das_trl.budget.cost_model import CostModel, OnlineCostFit, fit_linear
 from das_trl.budget.length_table import PAD, LengthTable
 from das_trl.budget.tiers import LengthPolicy, LengthPolicyConfig

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from das_trl.drafter import native
-from das_trl.budget.controller import BudgetController, ControllerConfig
+from das_trl.budget import BudgetController, ControllerConfig
 
 
 

@@ -5,8 +5,9 @@ recomputations. Fast."""
 import numpy as np
 import pytest
 
-from das_trl.budget.controller import (BudgetController, ControllerConfig, gate_rows, stratified_draws, tau_quantiles,
-                                       tau_samples)
+from das_trl.budget import BudgetController, ControllerConfig
+from das_trl.budget.gate import gate_rows
+from das_trl.budget.remaining import stratified_draws, tau_quantiles, tau_samples
 from das_trl.drafter import native
 
 
@@ -297,7 +298,7 @@ def test_a_row_that_rarely_sends_pays_its_cpu_per_draft_sent(backend):
 def test_draft_caps_follow_the_row_s_value_and_acceptance():
     """A row of a large batch (small weight) drafts a few tokens, the row likely to finish last (weight ~ c_base)
     up to its hard cap; lower acceptance, a dearer token or a cap below the minimum shorten it."""
-    from das_trl.budget.controller import MIN_DRAFT_CAP, draft_caps
+    from das_trl.budget.gate import MIN_DRAFT_CAP, draft_caps
 
     caps = np.full(6, 64)
     w = np.array([0.01, 0.05, 7.0, 7.0, 0.05, 0.05])

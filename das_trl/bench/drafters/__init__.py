@@ -10,7 +10,7 @@ line in :func:`make_drafter`.
 
 from __future__ import annotations
 
-from das_trl.budget.controller import ControllerConfig
+from das_trl.budget import ControllerConfig
 from das_trl.budget.tiers import LengthPolicy, LengthPolicyConfig
 from das_trl.drafter import DrafterConfig as _DrafterConfig
 

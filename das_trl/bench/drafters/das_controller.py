@@ -27,7 +27,7 @@ from collections import defaultdict
 import numpy as np
 
 from das_trl.bench.reliability import ReliabilityRecord
-from das_trl.budget.controller import BudgetController, ControllerConfig
+from das_trl.budget import BudgetController, ControllerConfig
 from das_trl.drafter import DrafterConfig
 from das_trl.vllm.speculator import Speculator
 

@@ -339,7 +339,7 @@ def controller_plan(out_len: _F64, rounds: _F64, max_output: _F64, caps: _I32, q
         slot_p / slot_epoch: in/out, ``float64[S]`` / ``int64[S]`` each slot's stored probability and the epoch it was
             computed in (written with ``replan``, as ``epoch``).
         tau_z: ``float64[samples]`` standard normal quantiles, one per sample: each sample's tokens per round is
-            then uncertain (``params["tau_uncertainty"]``; ``das_trl.budget.controller.tau_samples``); ``[0]``:
+            then uncertain (``params["tau_uncertainty"]``; ``das_trl.budget.remaining.tau_samples``); ``[0]``:
             exact.
         send: ``float64[n]`` each row's chance that its draft survives the cut (the gate charges ``draft_row_ms /
             max(send, 0.05)``); ``[0]``: 1.
@@ -348,7 +348,7 @@ def controller_plan(out_len: _F64, rounds: _F64, max_output: _F64, caps: _I32, q
         weight: out, ``float64[n]`` ``c_base * P_i`` (ms).
         p: out, ``float64[n]`` probability of finishing last (shrunk).
         rem_mean: out, ``float64[n]`` mean sampled remaining tokens (written only with ``replan``).
-        budget: out, ``int32[n]`` most draft tokens per drafted row (``das_trl.budget.controller.draft_caps``; 0 for
+        budget: out, ``int32[n]`` most draft tokens per drafted row (``das_trl.budget.gate.draft_caps``; 0 for
             rows not drafted); ``params["ratio"]`` is the controller's acceptance correction it allows for.
 
     Returns:
