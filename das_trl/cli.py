@@ -41,10 +41,11 @@ def main(argv: list[str] | None = None) -> int:
 
         return serve_main(argv[1:])
     if argv and argv[0] == "bench":
-        benches = {"replay": "das_trl.bench.replay", "record": "das_trl.bench.record", "live": "das_trl.bench.live",
-                   "drafter-speed": "das_trl.bench.drafter_speed", "history-memory": "das_trl.bench.history_memory",
-                   "suite": "das_trl.bench.suite", "cost-profile": "das_trl.bench.cost_profile",
-                   "controller-speed": "das_trl.bench.controller_speed", "page": "das_trl.bench.page",
+        benches = {"replay": "das_trl.bench.replay", "record": "das_trl.bench.micro.record",
+                   "live": "das_trl.bench.live", "drafter-speed": "das_trl.bench.micro.drafter_speed",
+                   "history-memory": "das_trl.bench.micro.history_memory", "suite": "das_trl.bench.suite",
+                   "cost-profile": "das_trl.bench.micro.cost_profile",
+                   "controller-speed": "das_trl.bench.micro.controller_speed", "page": "das_trl.bench.page",
                    "realdata": "das_trl.bench.realdata"}
         if len(argv) < 2 or argv[1] not in benches:
             parser.error(f"das-trl bench needs one of: {', '.join(benches)}")

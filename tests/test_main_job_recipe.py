@@ -56,7 +56,7 @@ def test_equation_reward_format_only():
 def test_group_spread_summary():
     import pytest
 
-    from das_trl.bench.task_spread import _reward_funcs, group_spread
+    from das_trl.bench.micro.task_spread import _reward_funcs, group_spread
 
     out = group_spread([[1.0, 1.0], [0.0, 1.2]], correct=[[1.0, 1.0], [0.0, 1.0]])
     assert out["groups"] == 2 and out["flat_groups"] == 1 and out["flat_share"] == 0.5

@@ -1,11 +1,11 @@
 """Reliability case 1 at a small size: the history token budget holds, evictions are counted and oldest-first
-(the full-size run is ``python -m das_trl.bench.history_memory`` with the flags in its docstring)."""
+(the full-size run is ``python -m das_trl.bench.micro.history_memory`` with the flags in its docstring)."""
 
 from __future__ import annotations
 
 import pytest
 
-from das_trl.bench.history_memory import main, run
+from das_trl.bench.micro.history_memory import main, run
 
 
 def test_budget_holds_evictions_counted_oldest_first():
@@ -33,7 +33,7 @@ def test_command_line_exit_code(capsys):
 def test_recorded_rollouts_are_pushed_step_by_step_within_the_budget(capsys, tmp_path):
     from pathlib import Path
 
-    from das_trl.bench.history_memory import run_recorded
+    from das_trl.bench.micro.history_memory import run_recorded
     from das_trl.drafter.rollout_log import read_records
 
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "sets" / "grpo_smollm2_products.jsonl.gz"
@@ -60,8 +60,8 @@ def test_live_pool_bounded_by_token_budget_without_pushes(backend):
 
     requests, prompt, output, budget = 300, 64, 500, 20_000
     # A fresh process: RSS growth is not hidden by (or blamed on) memory freed by earlier tests.
-    cmd = [sys.executable, "-m", "das_trl.bench.live_memory", "--requests", str(requests), "--prompt", str(prompt),
-           "--output", str(output), "--budget", str(budget), "--backend", backend]
+    cmd = [sys.executable, "-m", "das_trl.bench.micro.live_memory", "--requests", str(requests), "--prompt",
+           str(prompt), "--output", str(output), "--budget", str(budget), "--backend", backend]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])

@@ -1,4 +1,5 @@
-"""Parsing and checking of the bench commands' structured options (JSON config overrides, ``--ngram``, epoch lists).
+"""Parsing and checking of the bench commands' structured options (JSON config overrides, ``--ngram``, epoch lists)
+and the proposer-CPU options ``bench replay`` and ``bench suite`` share (:func:`add_cpu_args`).
 
 Errors are ``ValueError`` (the ``das-trl bench`` command prints them as one line with exit code 2) or, for the
 ``type=`` functions, ``argparse.ArgumentTypeError`` (argparse's own usage error, exit code 2 as well).
@@ -69,3 +70,46 @@ def epoch_list(text: str) -> list[int]:
     if len(set(out)) != len(out):
         raise argparse.ArgumentTypeError(f"lists an epoch twice: {text!r}")
     return out
+
+
+#: A public measurement of what vLLM's async scheduling saves per engine step, to report beside the default 0
+#: (docs/benchmarks.md, "What the engine waits for"): vLLM PR #25872 (EAGLE3 + async scheduling, Llama-3.1-8B on
+#: an L20, concurrency 1): mean inter-token latency 28.14 -> 27.17 ms, i.e. about 1 ms per engine step.
+ASYNC_OFF_MS_REFERENCE = 1.0
+
+
+def add_cpu_args(p: argparse.ArgumentParser) -> None:
+    """The knobs of the proposer's CPU in the time with the CPU (shared by ``bench replay`` and ``bench suite``)."""
+    g = p.add_argument_group("proposer CPU (the time with the CPU: c_base * steps + c_tok * verified tokens + "
+                             "proposer CPU / host speed + async-off charge)")
+    g.add_argument("--host-speed", type=_positive, default=1.0,
+                   help="how much faster the target host's CPU runs the proposer than this machine: the measured "
+                        "CPU time is divided by it (1 = this machine; default %(default)s)")
+    g.add_argument("--draft-threads", type=_threads, default=None,
+                   help="run the DAS drafter with this many drafting threads (DrafterConfig.draft_threads; default "
+                        "1) and, when > 1, time its calls by the wall clock (thread CPU time would miss the workers)")
+    g.add_argument("--async-off-ms", type=_non_negative, default=0.0,
+                   help="ms charged per engine step to every speculative method (not none): vLLM runs a custom "
+                        "drafter with async scheduling off (default %(default)s; a public vLLM measurement puts the "
+                        f"saving near {ASYNC_OFF_MS_REFERENCE:g} ms per step: PR #25872, see docs/benchmarks.md)")
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < float("inf"):  # also rejects nan
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
+def _threads(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 64:
+        raise argparse.ArgumentTypeError(f"must be an int in [1, 64], got {text}")
+    return value

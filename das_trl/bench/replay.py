@@ -1,7 +1,7 @@
 """Replay benchmark: draft a recorded later epoch given the earlier ones, verification round by round.
 
 Input: rollouts in the JSONL format of :mod:`das_trl.drafter.rollout_log` (the trainer's ``das_record_rollouts``
-or :mod:`das_trl.bench.record`). Epoch index = a problem's k-th appearance (``--group-by appearance``, default)
+or :mod:`das_trl.bench.micro.record`). Epoch index = a problem's k-th appearance (``--group-by appearance``, default)
 or ``floor(record.epoch)``; by default every epoch but the last is history and the last is replayed.
 
 Simulation (hardware-independent; no model runs; :mod:`das_trl.bench.simulation`): the eval epoch's requests all
@@ -47,53 +47,10 @@ from das_trl.drafter import DrafterConfig
 
 from das_trl.bench.drafters import ALL_DRAFTERS, DEFAULT_DRAFTERS, controller_config, make_drafter
 from das_trl.bench.drafters.suffix import SUFFIX_DEFAULTS
-from das_trl.bench.options import epoch_list, json_overrides, ngram_spec
+from das_trl.bench.options import add_cpu_args, epoch_list, json_overrides, ngram_spec
 from das_trl.bench.report import format_table, format_tiers, write_plots, write_replay_json
 from das_trl.bench.sets import load_epochs, split_epochs
 from das_trl.bench.simulation import Bounds, simulate
-
-
-#: A public measurement of what vLLM's async scheduling saves per engine step, to report beside the default 0
-#: (docs/benchmarks.md, "What the engine waits for"): vLLM PR #25872 (EAGLE3 + async scheduling, Llama-3.1-8B on
-#: an L20, concurrency 1): mean inter-token latency 28.14 -> 27.17 ms, i.e. about 1 ms per engine step.
-ASYNC_OFF_MS_REFERENCE = 1.0
-
-
-def add_cpu_args(p: argparse.ArgumentParser) -> None:
-    """The knobs of the proposer's CPU in the time with the CPU (shared by ``bench replay`` and ``bench suite``)."""
-    g = p.add_argument_group("proposer CPU (the time with the CPU: c_base * steps + c_tok * verified tokens + "
-                             "proposer CPU / host speed + async-off charge)")
-    g.add_argument("--host-speed", type=_positive, default=1.0,
-                   help="how much faster the target host's CPU runs the proposer than this machine: the measured "
-                        "CPU time is divided by it (1 = this machine; default %(default)s)")
-    g.add_argument("--draft-threads", type=_threads, default=None,
-                   help="run the DAS drafter with this many drafting threads (DrafterConfig.draft_threads; default "
-                        "1) and, when > 1, time its calls by the wall clock (thread CPU time would miss the workers)")
-    g.add_argument("--async-off-ms", type=_non_negative, default=0.0,
-                   help="ms charged per engine step to every speculative method (not none): vLLM runs a custom "
-                        "drafter with async scheduling off (default %(default)s; a public vLLM measurement puts the "
-                        f"saving near {ASYNC_OFF_MS_REFERENCE:g} ms per step: PR #25872, see docs/benchmarks.md)")
-
-
-def _positive(text: str) -> float:
-    value = float(text)
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-    return value
-
-
-def _non_negative(text: str) -> float:
-    value = float(text)
-    if not 0 <= value < float("inf"):  # also rejects nan
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return value
-
-
-def _threads(text: str) -> int:
-    value = int(text)
-    if not 1 <= value <= 64:
-        raise argparse.ArgumentTypeError(f"must be an int in [1, 64], got {text}")
-    return value
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

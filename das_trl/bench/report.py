@@ -21,14 +21,12 @@ import json
 import math
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import numpy as np
 
+from das_trl.bench.point import Point
 from das_trl.bench.simulation import Bounds, ReplayResult
-
-if TYPE_CHECKING:
-    from das_trl.bench.suite import Point
 
 #: The trainer default (the suite summary's drafter).
 DEFAULT = "das+controller"

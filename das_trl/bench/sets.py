@@ -2,7 +2,7 @@
 split into history epochs and the epoch to replay.
 
 Files are JSONL (or ``.jsonl.gz``) in the format of :mod:`das_trl.drafter.rollout_log` (the trainer's
-``das_record_rollouts``, :mod:`das_trl.bench.record`): the product's own recordings in ``benchmarks/sets/``, the
+``das_record_rollouts``, :mod:`das_trl.bench.micro.record`): the product's own recordings in ``benchmarks/sets/``, the
 third-party sets in ``../shared/realdata/``.
 """
 

@@ -37,14 +37,14 @@ import argparse
 import hashlib
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
 
 from das_trl.bench.drafters import ALL_DRAFTERS, COST_AWARE, controller_config, make_drafter
-from das_trl.bench.options import json_overrides
+from das_trl.bench.options import add_cpu_args, json_overrides
+from das_trl.bench.point import Point
 from das_trl.bench.reliability import format_reliability, write_reliability_plot
-from das_trl.bench.replay import add_cpu_args
 from das_trl.bench.report import DEFAULT, format_point, format_summary, write_plot, write_suite_json
 from das_trl.bench.sets import find_sets, load_epochs, set_name, split_epochs
 from das_trl.bench.simulation import Bounds, ReplayResult, simulate
@@ -58,21 +58,6 @@ BOUND_DRAFTER = "das+siblings"
 #: The drafter settings before long drafts (K 16, drafts at most as long as their match, cut below a 5 % estimate,
 #: 32-token trees): ``oracle-trim@16`` replays ``das+siblings`` with them, beside the bound of today's long drafts.
 SHORT_DRAFTS = {"max_spec_tokens": 16, "max_spec_factor": 1.0, "min_token_prob": 0.05, "max_tree_depth": 32}
-
-
-@dataclass
-class Point:
-    """One replay point: a file replayed at one appearance, with its results per cost model."""
-
-    name: str
-    path: str
-    eval_epoch: int
-    history_epochs: list[int]
-    requests: int
-    problems: int
-    tokens: int
-    results: dict[float, list[ReplayResult]] = field(default_factory=dict)  # c_tok -> results in drafter order
-    bounds: Bounds | None = None  # oracle-trim (from das+siblings) and oracle-text
 
 
 #: Bumped when a cached result's fields or meaning change (v2: per-step proposer CPU, background ingest).

@@ -49,7 +49,7 @@ class DASDrafter:
     Thread-safety: every public method takes one re-entrant lock. ``add_rollouts(...,
     background=True)`` applies a step on the drafter's own updater thread in small
     pieces, releasing the lock in between, so ``propose`` (the engine's critical path)
-    waits for one piece at most (stall measured by ``das_trl/bench/drafter_speed.py``).
+    waits for one piece at most (stall measured by ``das_trl/bench/micro/drafter_speed.py``).
     """
 
     def __init__(self, config: DrafterConfig | None = None, tree_factory: Callable | None = None) -> None:

@@ -29,7 +29,7 @@ as the trainer pushes it, at the trainer's default budget (8M tokens) unless ``-
 Full size of the reliability catalogue (10,000 problems x 16 samples x 16 appearances, long completions; hours of
 tree building on a 2-core CPU)::
 
-    python -m das_trl.bench.history_memory --problems 10000 --samples 16 --appearances 16 --window 16 \
+    python -m das_trl.bench.micro.history_memory --problems 10000 --samples 16 --appearances 16 --window 16 \
         --length 2048 --budget 32000000
 
 Siblings of a problem are its template with ~10% of tokens resampled and ragged lengths (60-100% of ``--length``),

@@ -12,7 +12,7 @@ per live-tree token. Random tokens share no tree paths: the worst case for bytes
 
 Issue 11's input (2,000 requests x 1,000 tokens; about 1.5 GB of RSS before the budget existed)::
 
-    python -m das_trl.bench.live_memory --requests 2000 --output 1000
+    python -m das_trl.bench.micro.live_memory --requests 2000 --output 1000
 
 ``--budget -1`` runs without eviction (budget larger than the input: how memory grew before the budget) and gives
 the bytes per token. Prints one JSON object; exits 1 when the budget was exceeded.
@@ -101,8 +101,9 @@ def run(requests: int = 2000, prompt: int = 64, output: int = 1000, piece: int =
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m das_trl.bench.live_memory``: print :func:`run`'s result as JSON; 1 when the budget was exceeded."""
-    p = argparse.ArgumentParser(prog="das_trl.bench.live_memory", description=__doc__.splitlines()[0])
+    """``python -m das_trl.bench.micro.live_memory``: print :func:`run`'s result as JSON; 1 when the budget was
+    exceeded."""
+    p = argparse.ArgumentParser(prog="das_trl.bench.micro.live_memory", description=__doc__.splitlines()[0])
     p.add_argument("--requests", type=int, default=2000)
     p.add_argument("--prompt", type=int, default=64)
     p.add_argument("--output", type=int, default=1000)

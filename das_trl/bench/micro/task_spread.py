@@ -9,7 +9,7 @@ spread in any group; benchmarks/NOTES.md, "Choosing the main job's task").
 
 Example (the main job's task and prompt; about a minute per task on 2 CPU cores)::
 
-    python -m das_trl.bench.task_spread --tasks '[["products", {"min_digits": 1, "max_digits": 1}]]' \
+    python -m das_trl.bench.micro.task_spread --tasks '[["products", {"min_digits": 1, "max_digits": 1}]]' \
         --system-prompt arithmetic --rewards rg_correctness,equation
 
 Prints one JSON object per task; ``--out FILE`` also writes every completion with its rewards (JSONL).
@@ -74,7 +74,7 @@ def _system_prompt(name: str) -> str | None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="das_trl.bench.task_spread", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="das_trl.bench.micro.task_spread", description=__doc__.splitlines()[0])
     p.add_argument("--tasks", required=True,
                    help='JSON list of [task, task_config] pairs, e.g. \'[["chain_sum", {"max_terms": 2}]]\'')
     p.add_argument("--model", default=None, help="model path (default: the embedded SmolLM2-135M-Instruct)")

@@ -7,7 +7,7 @@ different seed, and all of them are appended to ``--out`` in the JSONL format of
 
 Example (CPU, about 3-6 minutes on 2 cores)::
 
-    python -m das_trl.bench.record --problems 32 --samples 8 --epochs 4 --temperature 0.6 \
+    python -m das_trl.bench.micro.record --problems 32 --samples 8 --epochs 4 --temperature 0.6 \
         --max-tokens 256 --out runs/replay/t06.jsonl
 """
 
