@@ -28,7 +28,8 @@ from das_trl.trainer.config import drafter_config_fields
 from das_trl.trainer.quantization import engine_quantization
 from das_trl.vllm.client import DASEngine, DASEngineError, HTTPDASEngine, LocalDASEngine
 from das_trl.vllm.dtype import colocate_engine_dtype, dtype_mismatch_message, trainer_compute_dtype
-from das_trl.vllm.engine import das_engine_kwargs, default_max_num_batched_tokens, is_cpu_build, model_len_with_headroom
+from das_trl.vllm.engine import (das_engine_kwargs, default_max_num_batched_tokens, fit_model_len, is_cpu_build,
+                                  model_context_length, model_len_with_headroom)
 from das_trl.vllm.engine_check import check_engine_settings
 
 logger = logging.getLogger(__name__)
@@ -136,7 +137,8 @@ class DASVLLMGeneration(VLLMGeneration):
 
         The DAS defaults (also with ``das_enabled=False``, so an A/B run compares the same engine with and without
         drafts): ``max_model_len`` = ``vllm_max_model_length`` + K (:func:`~das_trl.vllm.engine.model_len_with_headroom`;
-        unset: the model's own length) and ``max_num_batched_tokens`` from
+        unset: the model's own length), clamped to the model's context length with a warning that says what the
+        clamp costs (:func:`~das_trl.vllm.engine.fit_model_len`); ``max_num_batched_tokens`` from
         :func:`~das_trl.vllm.engine.default_max_num_batched_tokens` (TRL's 4096 on CPU builds for the batches a CPU
         runs; on GPUs at least 8192).
 
@@ -172,7 +174,11 @@ class DASVLLMGeneration(VLLMGeneration):
             "max_num_batched_tokens": default_max_num_batched_tokens(k, self.max_num_seqs, is_cpu_build()),
         }
         if self.max_model_length is not None:
-            kwargs["max_model_len"] = model_len_with_headroom(self.max_model_length, k)
+            config = getattr(self.model, "config", None)
+            context = model_context_length(config) if config is not None else None
+            kwargs["max_model_len"], clamped = fit_model_len(self.max_model_length, k, context)
+            if clamped and "max_model_len" not in user:
+                logger.warning("%s (vllm_max_model_length, das_num_speculative_tokens)", clamped)
         if self.das["enabled"]:
             kwargs.update(das_engine_kwargs(k))
         kwargs.update(user)

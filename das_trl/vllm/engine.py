@@ -22,6 +22,10 @@ from typing import Any
 from das_trl.drafter.config import DEFAULT_MAX_SPEC_TOKENS
 from das_trl.vllm.worker_extension import PROPOSER_QUALNAME, WORKER_EXTENSION_QUALNAME
 
+#: The scheduler class a DAS engine runs (:class:`das_trl.vllm.scheduler.DASScheduler`: drafts never take the step's
+#: token budget from waiting or prefilling requests); named here so that building the arguments imports no vLLM.
+SCHEDULER_QUALNAME = "das_trl.vllm.scheduler.DASScheduler"
+
 # vLLM schedules at most this many draft tokens per request per round (the drafter's default cap); the budget
 # controller decides per row how many of them each step verifies.
 DEFAULT_NUM_SPECULATIVE_TOKENS = DEFAULT_MAX_SPEC_TOKENS
@@ -42,6 +46,13 @@ TRL_COLOCATE_BATCHED_TOKENS = 4096
 #: (``EngineArgs.get_batch_defaults``, ``UsageContext.LLM_CLASS``). vLLM's memory profiler reserves activations for a
 #: forward of this many tokens (TRL chose 4096 for that reason), so the default stays here; larger is a user's choice.
 MAX_DEFAULT_BATCHED_TOKENS = 16384
+
+
+#: ``--max-num-seqs`` that ``das-trl serve`` passes unless given one (vLLM's own server default is 1024 on
+#: H100/H200-class GPUs, 256 on others): 256 rows verify a full K = 64 draft each within the default token budget
+#: (16384 tokens: 252 rows x 65), and vLLM's unpatched logprob path, which holds rows x (longest draft + 1) positions
+#: x vocabulary in float32, stays a quarter of what 1024 rows need (docs/gpu.md, "Engine settings for DAS").
+DEFAULT_SERVER_MAX_NUM_SEQS = 256
 
 
 def native_max_spec_tokens() -> int | None:
@@ -131,6 +142,89 @@ def model_len_with_headroom(max_sequence_len: int, num_speculative_tokens: int) 
     return int(max_sequence_len) + int(num_speculative_tokens)
 
 
+#: The HF config keys vLLM derives a model's context length from, the smallest present winning and
+#: ``model_max_length`` overriding the rest (``derive_max_model_len_and_key`` in
+#: ``vllm/transformers_utils/model_arch_config_convertor.py``, 0.32 and 0.33).
+CONTEXT_LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+                       "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len")
+
+#: RoPE types whose config length is already scaled: vLLM multiplies the context length by the RoPE ``factor`` for
+#: every other type (``_get_and_verify_max_len`` in ``vllm/config/model.py``, 0.32 and 0.33).
+PRESCALED_ROPE_TYPES = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
+
+#: vLLM's switch that lets ``max_model_len`` exceed the model's context length.
+ALLOW_LONG_MODEL_LEN_ENV = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
+
+
+def model_context_length(hf_config: Any) -> tuple[int, str] | None:
+    """The longest ``max_model_len`` vLLM starts an engine with for this model (larger values make vLLM refuse to
+    start: "User-specified max_model_len ... is greater than the derived max_model_len"), and the config key it
+    comes from.
+
+    Args:
+        hf_config: the model's ``transformers`` config (``model.config``, ``AutoConfig.from_pretrained``); a
+            multimodal config's text config is read.
+
+    Returns:
+        ``(tokens, key)``, or ``None`` when the config names no length (vLLM then accepts any ``max_model_len``).
+    """
+    cfg = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    found = [(getattr(cfg, key, None), key) for key in CONTEXT_LENGTH_KEYS]
+    found = [(v, key) for v, key in found if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0]
+    if not found:
+        return None
+    length, key = min(found)
+    override = getattr(cfg, "model_max_length", None)
+    if isinstance(override, (int, float)) and not isinstance(override, bool) and override > 0:
+        length, key = override, "model_max_length"
+    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None)
+    layers = [rope] if isinstance(rope, dict) and ("rope_type" in rope or "type" in rope or "factor" in rope) else (
+        [r for r in rope.values() if isinstance(r, dict)] if isinstance(rope, dict) else [])
+    factor = 1.0
+    for params in layers:
+        if params.get("rope_type", params.get("type")) not in PRESCALED_ROPE_TYPES and params.get("factor"):
+            factor = float(params["factor"])
+    return int(length * factor), key
+
+
+def fit_model_len(max_sequence_len: int, num_speculative_tokens: int, context: tuple[int, str] | None,
+                  environ: Any = None) -> tuple[int, str | None]:
+    """``max_model_len`` for sequences of up to ``max_sequence_len`` tokens with K tokens of drafting headroom
+    (:func:`model_len_with_headroom`), clamped to the model's context length.
+
+    Args:
+        max_sequence_len: the longest prompt + completion (TRL's ``vllm_max_model_length``).
+        num_speculative_tokens: K.
+        context: :func:`model_context_length` of the model (``None``: unknown, no clamp).
+        environ: the engine's environment (default ``os.environ``); ``VLLM_ALLOW_LONG_MAX_MODEL_LEN=1`` lets vLLM
+            take any length, so nothing is clamped.
+
+    Returns:
+        ``(max_model_len, warning)``: the warning (``None`` when nothing was clamped) says what the clamp costs and
+        what to set instead. Only the headroom is clamped: a ``max_sequence_len`` above the model's length is
+        returned as it is, without a warning (vLLM refuses it with its own message, as it would without DAS).
+    """
+    import os
+
+    environ = os.environ if environ is None else environ
+    want = model_len_with_headroom(max_sequence_len, num_speculative_tokens)
+    if context is None or want <= context[0] or environ.get(ALLOW_LONG_MODEL_LEN_ENV, "0") not in ("", "0"):
+        return want, None
+    limit, key = context
+    if int(max_sequence_len) > limit:
+        return int(max_sequence_len), None
+    got = limit
+    k = int(num_speculative_tokens)
+    return got, (
+        f"max_model_len {want} (the longest prompt + completion {max_sequence_len} + K={k} tokens of drafting "
+        f"headroom) exceeds the model's context length {limit} ({key} in its config), which vLLM refuses: the engine "
+        f"gets max_model_len {got}. What it costs: while any running request is longer than {got - k} tokens, vLLM "
+        f"does not call the drafter for the whole batch and every row verifies K={k} placeholder tokens per step "
+        f"instead (no speedup there, K + 1 tokens of verification per row). To keep drafting to the end, keep prompt "
+        f"+ completion within {limit - k} tokens" + (
+            f" or lower K to {limit - int(max_sequence_len)}." if limit > int(max_sequence_len) else "."))
+
+
 def das_speculative_config(num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS) -> dict[str, Any]:
     """vLLM ``speculative_config`` that loads :class:`~das_trl.vllm.proposer.DASProposer`.
 
@@ -149,7 +243,9 @@ def das_engine_kwargs(num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKE
     """Keyword arguments to add to ``vllm.LLM(...)`` (or ``EngineArgs``) so the engine runs DAS.
 
     Returns:
-        ``{"speculative_config": {...}, "worker_extension_cls": "das_trl.vllm.worker_extension.DASWorkerExtension"}``
+        ``{"speculative_config": {...}, "worker_extension_cls": "das_trl.vllm.worker_extension.DASWorkerExtension",
+        "scheduler_cls": "das_trl.vllm.scheduler.DASScheduler"}`` (the scheduler leaves the step's token budget to
+        waiting and prefilling requests before drafts: :mod:`das_trl.vllm.scheduler`).
 
     Raises:
         ValueError: K out of range (:func:`check_num_speculative_tokens`).
@@ -157,11 +253,13 @@ def das_engine_kwargs(num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKE
     return {
         "speculative_config": das_speculative_config(num_speculative_tokens),
         "worker_extension_cls": WORKER_EXTENSION_QUALNAME,
+        "scheduler_cls": SCHEDULER_QUALNAME,
     }
 
 
 def das_server_args(num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS) -> list[str]:
-    """The same settings as ``vllm serve`` command-line flags.
+    """The same settings as ``vllm serve`` command-line flags (``--speculative-config``, ``--worker-extension-cls``,
+    ``--scheduler-cls``).
 
     Raises:
         ValueError: K out of range (:func:`check_num_speculative_tokens`).
@@ -171,6 +269,8 @@ def das_server_args(num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS
         json.dumps(das_speculative_config(num_speculative_tokens)),
         "--worker-extension-cls",
         WORKER_EXTENSION_QUALNAME,
+        "--scheduler-cls",
+        SCHEDULER_QUALNAME,
     ]
 
 

@@ -5,10 +5,14 @@ distribution fails at start) with what ``trl vllm-serve`` sets — dev mode, ``-
 ``--max-logprobs -1``, ``--enable-scale-out`` (vLLM >= 0.30: the render / generate endpoints TRL's client uses for
 image prompts), and the NCCL weight-transfer engine where CUDA exists — plus the DAS speculative config and worker
 extension; binds to 127.0.0.1 unless told otherwise; waits for ``/health``; attaches the drafter; then stays in the
-foreground until the server exits (Ctrl-C stops both). It also loads das-trl's endpoint plugin
-(:mod:`das_trl.vllm.endpoints`, through ``VLLM_PLUGINS``), so ``--data-parallel-size N`` works: every engine's history
-is pushed and checked. On GPU builds it passes a ``--max-num-batched-tokens`` that fits drafted batches unless one is
-given (:func:`~das_trl.vllm.engine.default_max_num_batched_tokens`). Settings that cannot run the drafter
+foreground until the server exits (Ctrl-C stops both). The engine runs das-trl's scheduler (waiting requests get the
+step's token budget before drafts: :mod:`das_trl.vllm.scheduler`) and at most ``--max-num-seqs 256`` rows unless told
+otherwise (:data:`~das_trl.vllm.engine.DEFAULT_SERVER_MAX_NUM_SEQS`); a ``--max-model-len`` whose K tokens of drafting
+headroom go past the model's context length is lowered to it, with a warning (:func:`fit_server_model_len`). It
+also loads das-trl's endpoint plugin (:mod:`das_trl.vllm.endpoints`, through ``VLLM_PLUGINS``), so
+``--data-parallel-size N`` works: every engine's history is pushed and checked. On GPU builds it passes a
+``--max-num-batched-tokens`` that fits drafted batches unless one is given
+(:func:`~das_trl.vllm.engine.default_max_num_batched_tokens`). Settings that cannot run the drafter
 (``--async-scheduling``, ``--pipeline-parallel-size`` > 1, data-parallel modes in which one server does not reach
 every engine, ``VLLM_USE_V2_MODEL_RUNNER=1``, K out of 1..64) are refused before the server starts
 (:mod:`das_trl.vllm.engine_check`).
@@ -25,8 +29,9 @@ import subprocess
 import sys
 import time
 
-from das_trl.vllm.engine import (DEFAULT_NUM_SPECULATIVE_TOKENS, check_num_speculative_tokens, das_server_args,
-                                  default_max_num_batched_tokens)
+from das_trl.vllm.engine import (DEFAULT_NUM_SPECULATIVE_TOKENS, DEFAULT_SERVER_MAX_NUM_SEQS,
+                                  check_num_speculative_tokens, das_server_args, default_max_num_batched_tokens,
+                                  fit_model_len, model_context_length)
 from das_trl.vllm.engine_check import check_server_args, server_flag
 
 logger = logging.getLogger("das_trl.serve")
@@ -121,6 +126,12 @@ def build_command(args: argparse.Namespace, extra: list[str], cpu: bool,
         command.append("--enable-scale-out")
     if args.max_model_len is not None:
         command += ["--max-model-len", str(args.max_model_len)]
+    max_num_seqs = server_flag(extra, "max_num_seqs")
+    if max_num_seqs is None:
+        # vLLM's server default is 1024 rows on H100/H200-class GPUs: more than a drafting step's token budget and
+        # the unpatched verification path's memory hold (docs/gpu.md, "Engine settings for DAS").
+        max_num_seqs = DEFAULT_SERVER_MAX_NUM_SEQS
+        command += ["--max-num-seqs", str(max_num_seqs)]
     gpu_mem = args.gpu_memory_utilization if args.gpu_memory_utilization is not None else (0.3 if cpu else None)
     if gpu_mem is not None:
         command += ["--gpu-memory-utilization", str(gpu_mem)]
@@ -130,10 +141,36 @@ def build_command(args: argparse.Namespace, extra: list[str], cpu: bool,
         if server_flag(extra, "max_num_batched_tokens") is None:
             # Draft tokens count against the step's token budget; vLLM's server default is 2048 on GPUs other than
             # the H100/H200 class (EngineArgs.get_batch_defaults). CPU servers keep vLLM's default.
-            tokens = default_max_num_batched_tokens(args.num_speculative_tokens, server_flag(extra, "max_num_seqs"),
-                                                    cpu=False)
+            tokens = default_max_num_batched_tokens(args.num_speculative_tokens, max_num_seqs, cpu=False)
             command += ["--max-num-batched-tokens", str(tokens)]
     return command + extra
+
+
+def fit_server_model_len(args: argparse.Namespace) -> str | None:
+    """Clamp ``--max-model-len`` (the longest prompt + completion + K, as the docs ask) to the model's context length,
+    which vLLM would refuse to exceed, when only the K tokens of headroom are past it; the same rule as colocate mode
+    (:func:`~das_trl.vllm.engine.fit_model_len`). A length more than K past the model's is left to vLLM's refusal.
+
+    Returns:
+        the warning to log when it was clamped (what the clamp costs), else ``None`` (also when the model's config
+        cannot be read here: vLLM then decides).
+    """
+    if args.max_model_len is None:
+        return None
+    try:
+        from transformers import AutoConfig
+
+        context = model_context_length(AutoConfig.from_pretrained(args.model))
+    except Exception:  # noqa: BLE001 - a hub name without a hub, remote code: vLLM checks the length itself
+        return None
+    k = int(args.num_speculative_tokens)
+    if context is None or args.max_model_len <= context[0] or args.max_model_len <= k:
+        return None
+    fitted, warning = fit_model_len(args.max_model_len - k, k, context)
+    if warning is None:
+        return None
+    args.max_model_len = fitted
+    return f"--max-model-len: {warning}"
 
 
 def headroom_note(max_model_len: int | None, num_speculative_tokens: int) -> str:
@@ -230,6 +267,9 @@ def main(argv: list[str] | None = None) -> int:
     native.warn_if_unavailable("das-trl serve", str(backend))
     args.dtype, why = serve_engine_dtype(args.dtype, args.model)
     logger.info("engine dtype %s: %s", args.dtype, why)
+    clamped = fit_server_model_len(args)
+    if clamped:
+        logger.warning("%s", clamped)
     cpu = is_cpu_build()
     command = build_command(args, extra, cpu, release)
     from das_trl.vllm.endpoints import plugin_allowlist

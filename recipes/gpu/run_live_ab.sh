@@ -12,7 +12,8 @@
 # Environment: OUT, DAS_TRL_WHEELS, PYTHON (default python3.11, then python3), DAS_TRL_VENV (an existing environment
 # with das-trl installed: skips the install), CHECK (quick: the first check's sizes, each still overridable),
 # BUDGET_S (a wall-clock limit for the whole call, in seconds; none by default), PROMPTS, SAMPLES, MAX_TOKENS,
-# TEMPERATURE, WARM_EPOCHS, K, DRAFTERS, DTYPE, GPU_MEM (gpu_memory_utilization), EAGER (yes|no|auto), GREEDY=1.
+# TEMPERATURE, WARM_EPOCHS, K, DRAFTERS, DTYPE, GPU_MEM (gpu_memory_utilization), EAGER (yes|no|auto), GREEDY=1,
+# MAX_NUM_SEQS (default 256, as das-trl serve: rows beyond it wait for a free row; docs/gpu.md, "Engine settings for DAS").
 set -euo pipefail
 
 START=$(date +%s)
@@ -61,7 +62,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > 
 ARGS=(--model "$MODEL" --prompts "${PROMPTS:-128}" --samples "${SAMPLES:-8}" --max-tokens "${MAX_TOKENS:-1024}"
       --temperature "${TEMPERATURE:-0.8}" --warm-epochs "${WARM_EPOCHS:-1}" --num-speculative-tokens "${K:-64}"
       --drafters "${DRAFTERS:-none,ngram,suffix,das}" --dtype "${DTYPE:-bfloat16}" --max-model-len 2048
-      --max-num-seqs "${MAX_NUM_SEQS:-1024}" --gpu-memory-utilization "${GPU_MEM:-0.85}"
+      --max-num-seqs "${MAX_NUM_SEQS:-256}" --gpu-memory-utilization "${GPU_MEM:-0.85}"
       --enforce-eager "${EAGER:-yes}" --out "$OUT")
 [[ "${GREEDY:-0}" == "1" ]] && ARGS+=(--greedy)
 GUARD=()
