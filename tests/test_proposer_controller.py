@@ -57,9 +57,11 @@ def test_only_the_request_that_will_finish_last_drafts_when_tokens_are_expensive
     # Trust the lengths (no shrinkage towards "anyone may be last", no pooled lengths): the 40-token problem's
     # request cannot be last, so at 0.5 ms per verified token the plan does not even draft it; the 200-token
     # problem's request will be, and drafts its whole hard cap (K) while its drafts hold: the engine accepts all K
-    # tokens of the first draft (plus the bonus token), so the plan's per-row cap stays at K.
+    # tokens of the first draft (plus the bonus token), so the plan's per-row cap stays at K. No logprob price: the
+    # test process may not have das-trl's logprob patch installed (a padded shape would cut the last position, which
+    # pays ~nothing at this c_tok, for a padding row that costs ~nothing).
     worker, prompts, texts = _setup(rng, {"cost_source": "config", "c_tok_ms": 0.5, "tail_prior_weight": 0.0,
-                                          "pooled_weight": 0.0})
+                                          "pooled_weight": 0.0, "c_logprob_ms": 0.0})
     first = _round(worker, prompts, texts, [("long", 0, 5), ("short", 3, 5)])
     assert first[0] == texts[0][5:5 + K] and first[1] == []
     n = 5 + K + 1

@@ -172,3 +172,23 @@ def test_profile_hook_leaves_other_engines_alone(hooked_runner_class):
         with torch.compiler.set_stance("force_eager"):
             runner_cls(drafter)._dummy_sampler_run(torch.randn(6, 16))
         assert [c[2] for c in calls] == [None, None]
+
+
+@pytest.mark.parametrize("shape", ["patched", "padded"])
+def test_proposer_prices_its_engines_verification_shape(monkeypatch, shape):
+    """The budget controller prices the logprob path the engine runs: the engine's shape, and the assumed cost per
+    row scaled to the model's vocabulary unless the user gave one (the vocabulary here: 1,000 entries)."""
+    from das_trl.budget import ControllerConfig
+    from das_trl.budget.cost_model import ASSUMED_C_LOGPROB_MS, ASSUMED_LOGPROB_VOCAB
+    from das_trl.vllm import proposer as proposer_module
+
+    monkeypatch.setattr(proposer_module, "verification_shape", lambda: shape)
+    proposer = proposer_module.DASProposer(_config())
+    cfg = proposer.controller.config
+    assert cfg.verification_shape == shape and proposer.controller.cost.padded == (shape == "padded")
+    assert cfg.c_logprob_ms == pytest.approx(ASSUMED_C_LOGPROB_MS * 1000 / ASSUMED_LOGPROB_VOCAB)
+    runner = SimpleNamespace(input_batch=SimpleNamespace(req_ids=[]))
+    proposer.attach(runner, controller_config=ControllerConfig(c_logprob_ms=0.004, verification_shape="patched"))
+    cfg = proposer.controller.config
+    assert cfg.verification_shape == shape and cfg.c_logprob_ms == 0.004  # the user's figure, the engine's shape
+    assert proposer.stats()["budget_c_logprob_ms"] == 0.004

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
-from .cost_model import CostModel
+from .cost_model import CostModel, assumed_c_logprob_ms
 
 _COST_SOURCES = ("config", "online")
 _BACKENDS = ("auto", "native", "python")
@@ -21,6 +21,15 @@ class ControllerConfig:
     Attributes:
         c_base_ms / c_tok_ms: the cost model ``c_base + c_tok * tokens`` per forward pass (paper Fig. 8: 7 / 0.025 on
             its GPUs; ``das-trl bench cost-profile`` measures it on the current device).
+        c_logprob_ms / verification_shape: the verification logprob term of the cost model, ms per row of the
+            logprob path (``None``: :func:`~das_trl.budget.cost_model.assumed_c_logprob_ms`, an estimate of 1 us per
+            row at a 151,936-entry vocabulary on an H100/H200-class GPU, scaled to the engine's vocabulary by the
+            proposer, until ``recipes/gpu/verification_cost.py`` measures yours; 0: free),
+            and that path's shape: ``"patched"`` (das-trl's patch: one row per verified position, so each draft token
+            costs ``c_tok + c_logprob``) or ``"padded"`` (vLLM's own: ``rows x (longest draft + 1)``, so lengthening a
+            step's longest draft costs ``c_logprob`` for every row of the batch, and the plan and the cut keep a long
+            draft only where its expected saving pays for that: :func:`~das_trl.budget.step_cap.cap_longest_draft`).
+            The vLLM proposer sets the shape from its engine (``verification_shape()``); the replay takes it as set.
         cost_source: ``"config"`` (always the two values above) or ``"online"`` (the engine's step timings once
             :class:`~das_trl.budget.cost_model.OnlineCostFit` trusts its fit; the config values until then).
         tail_prior_weight: ``w`` in ``P <- (1 - w) P + w / n`` (0: trust the Monte Carlo fully; 1: every request is
@@ -81,6 +90,8 @@ class ControllerConfig:
 
     c_base_ms: float = 7.0
     c_tok_ms: float = 0.025
+    c_logprob_ms: float | None = None
+    verification_shape: str = "patched"
     cost_source: str = "config"
     tail_prior_weight: float = 0.25
     draft_margin: float = 0.0
@@ -119,7 +130,7 @@ class ControllerConfig:
             if f.type in ("float", float):
                 need(isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_)),
                      f"{f.name} must be a number, got {v!r}")
-        CostModel(self.c_base_ms, self.c_tok_ms)  # validates both
+        CostModel(self.c_base_ms, self.c_tok_ms, self.logprob_ms, self.verification_shape)  # validates all four
         need(self.cost_source in _COST_SOURCES, f"cost_source must be one of {_COST_SOURCES}, got "
                                                 f"{self.cost_source!r}")
         for name in ("num_samples", "history_lengths", "min_remaining", "fit_window", "fit_min_steps"):
@@ -159,6 +170,11 @@ class ControllerConfig:
         need(isinstance(self.quiet_replan_max_steps, int) and not isinstance(self.quiet_replan_max_steps, bool)
              and self.quiet_replan_max_steps >= 0,
              f"quiet_replan_max_steps must be an int >= 0, got {self.quiet_replan_max_steps!r}")
+
+    @property
+    def logprob_ms(self) -> float:
+        """``c_logprob_ms``, or the assumed figure at a 151,936-entry vocabulary when it is ``None``."""
+        return assumed_c_logprob_ms() if self.c_logprob_ms is None else self.c_logprob_ms
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -20,7 +20,7 @@ from .draft_lengths import optimal_draft_lengths
 from .gate import MAX_CAP, MIN_SEND, draft_caps, gate_rows
 from .length_table import LengthTable
 from .remaining import TAU_PSEUDO_ROUNDS, remaining_samples, stratified_draws, tau_quantiles, tau_samples
-from .step_cap import apply_step_cap
+from .step_cap import apply_step_cap, cap_longest_draft
 from .tail import survival, tail_probability
 
 _UNSET = object()  # a native kernel not resolved yet
@@ -72,7 +72,7 @@ class BudgetController:
         self.lengths = LengthTable(cfg.history_lengths)
         self.rng = np.random.default_rng(cfg.seed)
         self.fit = OnlineCostFit(cfg.fit_window, cfg.fit_min_steps, cfg.fit_min_r2)
-        self._config_cost = CostModel(cfg.c_base_ms, cfg.c_tok_ms)
+        self._config_cost = CostModel(cfg.c_base_ms, cfg.c_tok_ms, cfg.logprob_ms, cfg.verification_shape)
         self._acc_expected = 0.0
         self._acc_accepted = 0.0
         self.last_expected_kept = np.zeros(0)
@@ -81,7 +81,7 @@ class BudgetController:
         self.last_expected_makespan = 0.0
         self._counters = {"steps": 0, "rows": 0, "rows_drafting": 0, "offered_tokens": 0, "kept_tokens": 0,
                           "expected_accepted": 0.0, "tail_rows": 0, "capped_steps": 0, "rows_speculated": 0,
-                          "silent_steps": 0, "replans": 0, "quiet_steps": 0}
+                          "silent_steps": 0, "replans": 0, "quiet_steps": 0, "padding_cut_steps": 0}
         self._last_silent = False  # the last plan drafted no row
         # plan(): tail probabilities kept per request slot between recomputations (grown by doubling).
         self._slot_p = np.zeros(0, np.float64)
@@ -103,9 +103,12 @@ class BudgetController:
         shared = {"draft_margin": cfg.draft_margin, "pooled_weight": cfg.pooled_weight,
                   "length_jitter": cfg.length_jitter, "extrapolation_fraction": cfg.extrapolation_fraction,
                   "min_remaining": float(cfg.min_remaining)}
-        self._cut_params = {"ratio": 1.0, "c_tok_ms": cfg.c_tok_ms, **shared}
+        # "c_tok_ms" of the kernels is what a verified token costs in the decision: c_tok + c_logprob (its own row
+        # of the verification logprob path; CostModel.token_ms)
+        token_ms = self._config_cost.token_ms
+        self._cut_params = {"ratio": 1.0, "c_tok_ms": token_ms, **shared}
         self._plan_params = {"tail_prior_weight": cfg.tail_prior_weight, "c_base_ms": cfg.c_base_ms,
-                             "c_tok_ms": cfg.c_tok_ms, "draft_row_ms": cfg.draft_row_us / 1000.0,
+                             "c_tok_ms": token_ms, "draft_row_ms": cfg.draft_row_us / 1000.0,
                              "tau_uncertainty": cfg.tau_uncertainty, **shared}
         # The stratified draws are the same for every row: the kernels take them once ([4, 1, S]), not per row.
         self._shared_draws = stratified_draws(1, cfg.num_samples)
@@ -114,7 +117,7 @@ class BudgetController:
         self._no_f64, self._no_i64 = np.zeros(0), np.zeros(0, np.int64)
         self._no_table = np.zeros((0, 1))
         self._budget_params = {"ratio": 1.0, "tail_prior_weight": cfg.tail_prior_weight, "c_base_ms": cfg.c_base_ms,
-                               "c_tok_ms": cfg.c_tok_ms, **shared}
+                               "c_tok_ms": token_ms, **shared}
         self._inf = np.full(0, np.inf)            # [>= n] inf (uncapped rows), sliced; never written
         self._ones = np.ones(0)                   # [>= n] 1.0 (tau_obs without num_rounds), sliced; never written
         self._scratch_f64 = np.empty((0, 0))      # [2, >= n] kernel outputs this class does not read
@@ -164,11 +167,15 @@ class BudgetController:
     @property
     def cost(self) -> CostModel:
         """The cost model in use: the online fit when ``cost_source="online"`` and the fit is trusted, else the
-        config's."""
+        config's. The fit times whole engine steps, so its ``c_tok`` already holds each verified position's logprob
+        row: it gets the config's ``c_logprob_ms`` only where the path is padded (for the padding, which is not in
+        proportion to the tokens; its per-position part is then counted twice, ~``c_logprob`` per token)."""
         if self._online:
             fitted = self.fit.estimate()
             if fitted is not None:
-                return fitted
+                cfg = self.config
+                return CostModel(fitted.c_base_ms, fitted.c_tok_ms,
+                                 cfg.logprob_ms if self._config_cost.padded else 0.0, cfg.verification_shape)
         return self._config_cost
 
     def _grow(self, n: int) -> None:
@@ -223,7 +230,10 @@ class BudgetController:
         ``quiet_replan_max_steps`` while recomputations draft nothing; ``replan_shrink``; ``always_plan_rows``). A
         row is drafted when even its predicted acceptance can pay for its verification and for the proposer's CPU
         (``draft_row_us``, divided by the row's chance of sending a draft at all) (:func:`gate_rows`); the rest are
-        not drafted, so a step where nothing pays costs the proposer almost nothing.
+        not drafted, so a step where nothing pays costs the proposer almost nothing. Each verified token costs
+        ``c_tok + c_logprob`` (:attr:`CostModel.token_ms`); where the logprob path is padded
+        (``verification_shape="padded"``) the drafted rows' lengths are also cut to the longest draft whose padding
+        the batch can pay for (:meth:`_padding_budget`).
 
         Args:
             problem_keys: ``int64 [n]`` problem of each row.
@@ -350,14 +360,16 @@ class BudgetController:
                 row_ms = row_ms / np.maximum(snd, MIN_SEND)
             qq = self._prior[:n] if q is None else q
             cc = self._caps16[:n] if caps_arr is None else caps_arr
-            draft = gate_rows(weight, qq, cc, cost.c_tok_ms, row_ms, cfg.draft_margin)
+            draft = gate_rows(weight, qq, cc, cost.token_ms, row_ms, cfg.draft_margin)
             budget = np.zeros(n, np.int32)
             rows = draft.nonzero()[0]  # the caps of the drafted rows only (in a large batch, few or none)
             drafted = len(rows)
             if drafted:
-                budget[rows] = draft_caps(weight[rows], np.asarray(qq)[rows], np.asarray(cc)[rows], cost.c_tok_ms,
+                budget[rows] = draft_caps(weight[rows], np.asarray(qq)[rows], np.asarray(cc)[rows], cost.token_ms,
                                           ratio, cfg.draft_margin)
             tails = int(np.count_nonzero(p >= 0.5))
+        if drafted and cost.padded and cost.c_logprob_ms > 0:
+            draft, budget, drafted = self._padding_budget(draft, budget, weight, q, cost, ratio)
         # Only now (a rejected call changed nothing): the acceptance record fades once per step.
         self._acc_expected *= cfg.acceptance_decay
         self._acc_accepted *= cfg.acceptance_decay
@@ -409,7 +421,7 @@ class BudgetController:
         params = self._plan_params
         params["ratio"] = ratio
         if self._online:
-            params["c_base_ms"], params["c_tok_ms"] = cost.c_base_ms, cost.c_tok_ms
+            params["c_base_ms"], params["c_tok_ms"] = cost.c_base_ms, cost.token_ms
         draft, weight, p, budget = np.empty(n, bool), np.empty(n), np.empty(n), np.empty(n, np.int32)
         makespan, drafted, tails = kernel(
             out_len, empty if r is None else r, empty if mo is None else mo, caps, self._prior[:n] if q is None else q,
@@ -464,7 +476,9 @@ class BudgetController:
         """Draft tokens to keep per drafted row (after drafting): the length that minimises the cost per token of
         progress (:func:`optimal_draft_lengths`) under the plan's ``weight_ms``, with each estimate scaled by the
         chance the position lies before the request's end (:func:`survival`, same deterministic samples) and by
-        :attr:`acceptance_ratio`. Sets :attr:`last_expected_kept` for these rows.
+        :attr:`acceptance_ratio`. Where the logprob path is padded, the kept lengths are then cut to the longest draft
+        that pays for its padding over the plan's whole batch (:func:`cap_longest_draft`). Sets
+        :attr:`last_expected_kept` for these rows.
 
         Args:
             plan: this step's :meth:`plan`.
@@ -509,13 +523,23 @@ class BudgetController:
             capped, kept = np.empty(m, np.int32), np.empty(m)
             params = self._cut_params
             params["ratio"] = ratio
-            params["c_tok_ms"] = cost.c_tok_ms
+            params["c_tok_ms"] = cost.token_ms
             if m > len(self._inf):
                 self._grow(m)
             kept_tokens, drafting, offered, expected = kernel(
                 np.ascontiguousarray(accept), table, pooled, idx, plan.generated,
                 self._no_f64 if plan.max_remaining is None else plan.max_remaining, self._shared_draws,
                 plan.weight_ms, params, capped, self._scratch_f64[0, :m], kept)
+            if kept_tokens and cost.padded and cost.c_logprob_ms > 0:
+                survival_k = self._survival(plan, idx, k)
+                shorter = cap_longest_draft(np.minimum(accept * survival_k * ratio, 1.0), capped,
+                                            self._scratch_f64[0, :m], cost.token_ms, cost.c_logprob_ms, len(plan.draft))
+                if shorter is not capped:
+                    capped = shorter
+                    kept = np.where(np.arange(k)[None, :] < capped[:, None], accept * survival_k, 0.0).sum(axis=1)
+                    kept_tokens, drafting = int(capped.sum()), int(np.count_nonzero(capped))
+                    expected = float(kept.sum())
+                    c["padding_cut_steps"] += 1
             c["rows_drafting"] += drafting
             c["offered_tokens"] += offered
             c["kept_tokens"] += kept_tokens
@@ -528,17 +552,44 @@ class BudgetController:
         weight = plan.weight_ms[idx]
         survival_k = self._survival(plan, idx, k)
         useful = np.minimum(accept * survival_k * ratio, 1.0)
-        lengths, value = optimal_draft_lengths(useful, weight, cost.c_tok_ms, cfg.draft_margin)
-        capped = apply_step_cap(useful, lengths, value, cost.c_tok_ms, cfg.step_token_cap)
+        lengths, value = optimal_draft_lengths(useful, weight, cost.token_ms, cfg.draft_margin)
+        capped = apply_step_cap(useful, lengths, value, cost.token_ms, cfg.step_token_cap)
+        c["capped_steps"] += int(int(np.add.reduce(capped)) < int(np.add.reduce(lengths)))
+        if cost.padded and cost.c_logprob_ms > 0:
+            shorter = cap_longest_draft(useful, capped, value, cost.token_ms, cost.c_logprob_ms, len(plan.draft))
+            c["padding_cut_steps"] += int(shorter is not capped)
+            capped = shorter
         kept = np.where(np.arange(k)[None, :] < capped[:, None], accept * survival_k, 0.0).sum(axis=1)
         kept_tokens = int(np.add.reduce(capped))
         c["rows_drafting"] += int(np.count_nonzero(capped))  # kept lengths are >= 0
         c["offered_tokens"] += int(np.count_nonzero(accept > 0))
         c["kept_tokens"] += kept_tokens
         c["expected_accepted"] += float(np.add.reduce(kept))
-        c["capped_steps"] += int(kept_tokens < int(np.add.reduce(lengths)))
         self.last_expected_kept = kept
         return capped
+
+    def _padding_budget(self, draft: np.ndarray, budget: np.ndarray, weight: np.ndarray, q: np.ndarray | None,
+                        cost: CostModel, ratio: float) -> tuple[np.ndarray, np.ndarray, int]:
+        """The plan's draft lengths cut, before drafting, to the longest draft that can pay for vLLM's padded logprob
+        path (:func:`cap_longest_draft`) on optimistic estimates, so the cut after drafting rarely wants more than
+        was drafted: position ``j`` of row ``i`` accepted with ``min(max(ratio, 1) q_i^((j + 1) / 2), 1)`` (drafts
+        vary around the row's average: :func:`draft_caps` allows twice the reach of ``q_i`` for the same reason),
+        worth ``weight_i + token_ms`` a token (the most a token of progress is worth to the row) and its own
+        verification not charged (whether it pays for that is :func:`draft_caps`' and the cut's decision): only a
+        column of padding that outweighs every saving the column could bring is cut. Returns ``(draft, budget, rows
+        drafted)``; rows cut to 0 are not drafted."""
+        rows = budget.nonzero()[0]
+        qi = np.clip(self._prior[rows] if q is None else q[rows], 0.0, 0.999)
+        k = int(budget[rows].max())
+        useful = np.minimum(max(ratio, 1.0) * qi[:, None] ** (np.arange(1, k + 1)[None, :] / 2.0), 1.0)
+        capped = cap_longest_draft(useful, budget[rows], weight[rows] + cost.token_ms, 0.0, cost.c_logprob_ms,
+                                   len(budget))
+        if capped is budget[rows] or np.array_equal(capped, budget[rows]):
+            return draft, budget, len(rows)
+        budget = budget.copy()
+        budget[rows] = capped
+        draft = draft & (budget > 0)
+        return draft, budget, int(np.count_nonzero(draft))
 
     def predicted_acceptance(self, plan: StepPlan, accept: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """The per-position acceptance estimates :meth:`cut` decides on, for diagnostics (the replay's reliability
@@ -634,7 +685,7 @@ class BudgetController:
             params = self._budget_params
             params["ratio"] = ratio
             params["c_base_ms"] = cost.c_base_ms
-            params["c_tok_ms"] = cost.c_tok_ms
+            params["c_tok_ms"] = cost.token_ms
             makespan = kernel(np.ascontiguousarray(accept), table, pooled, out_len,
                               np.full(n, np.inf) if cap is None else np.ascontiguousarray(cap, dtype=np.float64),
                               tau_obs, draws, params, lengths, np.empty(n), p, kept, rem_mean)
@@ -646,8 +697,8 @@ class BudgetController:
             useful = np.minimum(accept * survival_k * ratio, 1.0)
             p, makespan = tail_probability(rem / tau_obs[:, None])
             p = (1.0 - cfg.tail_prior_weight) * p + cfg.tail_prior_weight / n
-            lengths, value = optimal_draft_lengths(useful, cost.c_base_ms * p, cost.c_tok_ms, cfg.draft_margin)
-            capped = apply_step_cap(useful, lengths, value, cost.c_tok_ms, cfg.step_token_cap)
+            lengths, value = optimal_draft_lengths(useful, cost.c_base_ms * p, cost.token_ms, cfg.draft_margin)
+            capped = apply_step_cap(useful, lengths, value, cost.token_ms, cfg.step_token_cap)
             kept_mask = np.arange(k)[None, :] < capped[:, None]
             kept = np.where(kept_mask, accept * survival_k, 0.0).sum(axis=1)
             rem_mean = rem.mean(axis=1)
@@ -694,7 +745,7 @@ class BudgetController:
 
     #: Keys of :meth:`stats` that are cumulative counters (per-step differences are meaningful); the rest are gauges.
     COUNTERS = ("steps", "rows", "rows_drafting", "offered_tokens", "kept_tokens", "expected_accepted", "tail_rows",
-                "capped_steps", "rows_speculated", "silent_steps", "replans", "quiet_steps")
+                "capped_steps", "rows_speculated", "silent_steps", "replans", "quiet_steps", "padding_cut_steps")
 
     def stats(self) -> dict:
         """Flat, JSON-serializable diagnostics (callers prefix them, e.g. ``budget_``).
@@ -704,16 +755,17 @@ class BudgetController:
         for verification), ``expected_accepted`` (their summed acceptance estimates), ``tail_rows`` (rows with a
         tail probability >= 0.5), ``capped_steps`` (steps cut by ``step_token_cap``), ``rows_speculated`` (rows the
         plan drafted), ``silent_steps`` (steps it drafted none), ``replans`` (tail probabilities recomputed),
-        ``quiet_steps`` (silent steps that skipped the plan: :meth:`quiet_step`). Gauges: ``replan_interval``
-        (engine steps between tail recomputations now: ``replan_steps``, or longer while consecutive recomputations
-        drafted nothing, see ``quiet_replan_max_steps``), ``c_base_ms`` /
-        ``c_tok_ms`` (the cost model in use), ``cost_online`` (1 when it is the online fit), ``fit_steps``,
+        ``quiet_steps`` (silent steps that skipped the plan: :meth:`quiet_step`), ``padding_cut_steps`` (steps whose
+        longest draft the cut shortened because vLLM's padded logprob path would cost more than it saves). Gauges:
+        ``replan_interval`` (engine steps between tail recomputations now: ``replan_steps``, or longer while
+        consecutive recomputations drafted nothing, see ``quiet_replan_max_steps``), ``c_base_ms`` / ``c_tok_ms`` /
+        ``c_logprob_ms`` (the cost model in use), ``cost_online`` (1 when it is the online fit), ``fit_steps``,
         ``fit_c_base_ms`` / ``fit_c_tok_ms`` / ``fit_r2`` (the online fit, nan until computable),
         ``expected_makespan_rounds`` (last step), ``problems`` (with lengths)."""
         cost = self.cost
         fit = self.fit.stats()
         out: dict = dict(self._counters)
-        out.update(c_base_ms=cost.c_base_ms, c_tok_ms=cost.c_tok_ms,
+        out.update(c_base_ms=cost.c_base_ms, c_tok_ms=cost.c_tok_ms, c_logprob_ms=cost.c_logprob_ms,
                    cost_online=int(cost is not self._config_cost), fit_steps=fit["steps"],
                    fit_c_base_ms=_finite(fit["c_base_ms"]), fit_c_tok_ms=_finite(fit["c_tok_ms"]),
                    fit_r2=_finite(fit["r2"]), expected_makespan_rounds=self.last_expected_makespan,

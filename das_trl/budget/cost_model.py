@@ -1,8 +1,12 @@
-"""The engine-step cost model ``t(T) = c_base + c_tok * T`` and its online fit from observed step times.
+"""The engine-step cost model ``t = c_base + c_tok * T + c_logprob * R`` and its online fit from observed step times.
 
 ``T`` is the number of tokens in one forward pass (running requests + their draft tokens + prefill chunks), ``t``
-the pass's time in milliseconds. The budget controller (``controller.py``) reads the two coefficients; they come
-from configuration (the DAS paper's Fig. 8 measured 7 ms + 0.025 ms/token on its GPUs), from ``das-trl bench
+the pass's time in milliseconds. ``R`` is the rows of the verification logprob path (TRL always asks the engine for
+the sampled tokens' logprobs): the verified positions where das-trl's patch is installed (``"patched"``,
+``das_trl.vllm.verification_logprobs``), ``rows x (longest draft + 1)`` on vLLM's own padded path (``"padded"``); a
+step without drafts has one per row either way. The budget controller (``controller.py``) reads the coefficients; they
+come from configuration (the DAS paper's Fig. 8 measured 7 ms + 0.025 ms/token on its GPUs; ``c_logprob``:
+:data:`ASSUMED_C_LOGPROB_MS` until ``recipes/gpu/verification_cost.py`` measures it), from ``das-trl bench
 cost-profile`` (torch-level forward passes on the current device), or from :class:`OnlineCostFit` (the engine's own
 step timings, as the vLLM proposer sees them).
 
@@ -16,17 +20,72 @@ from dataclasses import dataclass
 
 import numpy as np
 
+#: The shapes of the verification logprob path (:func:`logprob_rows`).
+VERIFICATION_SHAPES = ("patched", "padded")
+
+#: The vocabulary :data:`ASSUMED_C_LOGPROB_MS` is stated for (Qwen2 / Qwen2.5's 151,936 entries).
+ASSUMED_LOGPROB_VOCAB = 151_936
+
+#: ms per row of the verification logprob path at :data:`ASSUMED_LOGPROB_VOCAB` on an H100/H200-class GPU: an
+#: estimate from memory bandwidth, not a measurement (no GPU has run ``recipes/gpu/verification_cost.py`` yet). vLLM's
+#: padded path moves ~7 float32 vocabulary rows per row (0.61 MB each): the gather into the padded layout (read +
+#: write), the log-softmax (three reads, one write: a 0.61 MB row does not fit in shared memory) and the rank count
+#: (one read): ~4.3 MB, ~1.1 us at 3.8 TB/s (80 % of the H200's 4.8 TB/s); the patched path's ~5 (no gather) plus
+#: building the float32 logits (~3), per verified position, come to about the same. Rounded to 1 us; it scales with
+#: the vocabulary and inversely with memory bandwidth (docs/gpu.md, "What verification logprobs cost").
+ASSUMED_C_LOGPROB_MS = 0.001
+
+
+def assumed_c_logprob_ms(vocab_size: int | None = None) -> float:
+    """:data:`ASSUMED_C_LOGPROB_MS` scaled to a vocabulary of ``vocab_size`` entries (the path's work is in
+    proportion to it); ``None``: the figure as stated, at :data:`ASSUMED_LOGPROB_VOCAB`.
+
+    Raises:
+        ValueError: ``vocab_size`` below 1.
+    """
+    if vocab_size is None:
+        return ASSUMED_C_LOGPROB_MS
+    if int(vocab_size) < 1:
+        raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
+    return ASSUMED_C_LOGPROB_MS * int(vocab_size) / ASSUMED_LOGPROB_VOCAB
+
+
+def logprob_rows(shape: str, rows, verified, longest):
+    """Rows of one step's verification logprob path.
+
+    Args:
+        shape: ``"patched"`` (each row's own draft + 1) or ``"padded"`` (vLLM's ``rows x (longest + 1)``).
+        rows: requests in the step (number or array).
+        verified: verified positions, ``rows + draft tokens`` (number or array).
+        longest: the step's longest draft (tokens; number or array).
+
+    Returns:
+        ``verified`` (patched) or ``rows * (longest + 1)`` (padded), elementwise for arrays.
+
+    Raises:
+        ValueError: an unknown ``shape``.
+    """
+    if shape == "patched":
+        return verified
+    if shape == "padded":
+        return rows * (longest + 1)
+    raise ValueError(f"verification shape must be one of {VERIFICATION_SHAPES}, got {shape!r}")
+
 
 @dataclass(frozen=True)
 class CostModel:
-    """``t(T) = c_base_ms + c_tok_ms * T`` (milliseconds per forward pass of ``T`` tokens).
+    """``t = c_base_ms + c_tok_ms * T + c_logprob_ms * R`` (milliseconds per engine step of ``T`` tokens and ``R``
+    logprob rows, :func:`logprob_rows` under ``verification_shape``).
 
     Raises:
-        ValueError: a coefficient is not finite or not > 0 (a zero ``c_tok`` would make every draft free).
+        ValueError: ``c_base_ms`` / ``c_tok_ms`` not finite or not > 0 (a zero ``c_tok`` would make every draft free),
+            ``c_logprob_ms`` not finite or < 0, or an unknown ``verification_shape``.
     """
 
     c_base_ms: float = 7.0
     c_tok_ms: float = 0.025
+    c_logprob_ms: float = 0.0
+    verification_shape: str = "patched"
 
     def __post_init__(self) -> None:
         for name in ("c_base_ms", "c_tok_ms"):
@@ -34,10 +93,33 @@ class CostModel:
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 raise ValueError(f"CostModel: {name} must be a finite number > 0 (ms), got {v!r}; measure it with "
                                  f"`das-trl bench cost-profile` or use the paper's 7.0 / 0.025")
+        v = self.c_logprob_ms
+        if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0):
+            raise ValueError(f"CostModel: c_logprob_ms must be a finite number >= 0 (ms per logprob row), got {v!r}; "
+                             f"measure it with recipes/gpu/verification_cost.py or use {ASSUMED_C_LOGPROB_MS}")
+        if self.verification_shape not in VERIFICATION_SHAPES:
+            raise ValueError(f"CostModel: verification_shape must be one of {VERIFICATION_SHAPES}, got "
+                             f"{self.verification_shape!r} (das_trl.vllm.verification_logprobs.verification_shape())")
 
-    def step_ms(self, tokens: float | np.ndarray) -> float | np.ndarray:
-        """Time of a pass of ``tokens`` tokens (ms)."""
-        return self.c_base_ms + self.c_tok_ms * tokens
+    @property
+    def token_ms(self) -> float:
+        """What one more verified token costs where it does not lengthen the step's longest draft: its forward
+        share and its own logprob row (``c_tok + c_logprob``)."""
+        return self.c_tok_ms + self.c_logprob_ms
+
+    @property
+    def padded(self) -> bool:
+        """Whether the logprob path is padded to ``rows x (longest + 1)``."""
+        return self.verification_shape == "padded"
+
+    def step_ms(self, tokens, rows=None, longest=0):
+        """Time of a decode step of ``tokens`` tokens, each a verified position (ms). ``rows`` / ``longest``: the
+        step's requests and longest draft, for the logprob term (``None`` rows: the forward pass alone). Numbers or
+        arrays."""
+        if rows is None or not self.c_logprob_ms:
+            return self.c_base_ms + self.c_tok_ms * tokens
+        return (self.c_base_ms + self.c_tok_ms * tokens
+                + self.c_logprob_ms * logprob_rows(self.verification_shape, rows, tokens, longest))
 
 
 def fit_linear(tokens: np.ndarray, ms: np.ndarray) -> tuple[float, float, float]:

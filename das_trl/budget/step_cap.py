@@ -1,5 +1,7 @@
-"""Caps on a step's total draft tokens: the controller's ``step_token_cap`` (smallest marginal gains first,
-:func:`apply_step_cap`) and the engine's token budget (far positions first, :func:`cap_step_tokens`).
+"""Caps on a step's drafts: the controller's ``step_token_cap`` (smallest marginal gains first,
+:func:`apply_step_cap`), the engine's token budget (far positions first, :func:`cap_step_tokens`) and, where vLLM's
+verification logprobs are padded to the longest draft, the longest draft that pays for its padding
+(:func:`cap_longest_draft`).
 
 vLLM's scheduler counts draft tokens against ``max_num_batched_tokens`` (``vllm/v1/core/sched/scheduler.py``,
 ``Scheduler.schedule``: a running request is given ``min(tokens with its drafts, token budget left)`` tokens, its
@@ -64,3 +66,39 @@ def apply_step_cap(accept: np.ndarray, lengths: np.ndarray, value_ms: np.ndarray
     ties = np.flatnonzero((mask & (gain == kth)).ravel())[: cap - int(keep.sum())]
     keep.ravel()[ties] = True
     return keep.sum(axis=1).astype(np.int32)
+
+
+def cap_longest_draft(useful: np.ndarray, lengths: np.ndarray, value_ms: np.ndarray, token_ms: float,
+                      c_logprob_ms: float, num_rows: int) -> np.ndarray:
+    """The step's drafts cut to the longest length ``L`` that pays for vLLM's padded logprob path.
+
+    vLLM's ``RejectionSampler._get_logprobs_tensors`` (0.32 / 0.33.0, unpatched) log-softmaxes ``num_rows x (L + 1)``
+    rows for a step whose longest draft is ``L``. With each verified position already charged ``token_ms`` (its
+    forward share and its own row), the padding costs ``c_logprob_ms x (num_rows x L - sum_i min(len_i, L))`` more,
+    so raising ``L`` by one costs ``c_logprob_ms`` for every row that does not draft that far. Position ``j`` of row
+    ``i`` is worth ``max(useful[i, j] x value_ms[i] - token_ms, 0)`` (as :func:`apply_step_cap`, but a position the
+    cut kept is never worth less than nothing here: only the padding cuts); ``L`` maximises the sum over the kept
+    positions minus the padding, ties going to the longer ``L`` (no padding cost: nothing is cut).
+
+    Args:
+        useful: ``float64 [m, K]`` per-position acceptance estimates of the drafted rows (non-increasing).
+        lengths: ``int [m]`` their kept draft tokens.
+        value_ms: ``float64 [m]`` ms one token of progress is worth to each row (:func:`optimal_draft_lengths`).
+        token_ms / c_logprob_ms: ms per verified token (``c_tok + c_logprob``) / per logprob row.
+        num_rows: the step's rows (``>= m``: every running request, drafted or not).
+
+    Returns:
+        ``int32 [m]``: ``min(lengths, L)`` (``lengths`` itself, as int32, when nothing is cut).
+    """
+    lengths = np.asarray(lengths, dtype=np.int32)
+    top = int(lengths.max(initial=0))
+    if top == 0 or c_logprob_ms <= 0:
+        return lengths
+    reach = np.arange(top)[None, :] < lengths[:, None]              # [m, top] position kept before the cap
+    gain = np.maximum(useful[:, :top] * np.asarray(value_ms)[:, None] - token_ms, 0.0) + c_logprob_ms
+    # raising the cap from l to l + 1: the gains of position l of the rows that reach it, minus a logprob row for
+    # every row of the step (the rows reaching it got theirs back above: each was charged in token_ms already)
+    step_gain = np.where(reach, gain, 0.0).sum(axis=0) - c_logprob_ms * num_rows
+    total = np.concatenate(([0.0], np.cumsum(step_gain)))
+    best = int(np.flatnonzero(total >= total.max() - 1e-12)[-1])
+    return lengths if best == top else np.minimum(lengths, best).astype(np.int32)

@@ -13,6 +13,7 @@ Upstream API: ``vllm/v1/spec_decode/custom_class_proposer.py`` and ``GPUModelRun
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -22,6 +23,7 @@ import numpy as np
 
 from das_trl.drafter import DrafterConfig, create_drafter, problem_key
 from das_trl.budget import BudgetController, ControllerConfig
+from das_trl.budget.cost_model import assumed_c_logprob_ms
 from das_trl.drafter.conversation import ConversationKeys
 from das_trl.vllm.speculator import Speculator
 from das_trl.vllm.verification_logprobs import verification_shape
@@ -86,7 +88,7 @@ class DASProposer:
         if self.verification_limits is not None and self.verification_limits.draft_tokens is not None:
             install_profile_hook()
         self.speculator = self._speculator(create_drafter(DrafterConfig(max_spec_tokens=self.num_speculative_tokens)),
-                                           BudgetController(ControllerConfig()))
+                                           BudgetController(self.engine_controller_config(ControllerConfig())))
         self._step_end: float | None = None  # _clock() at the end of the last propose (online cost fit)
         self._clock = time.perf_counter      # seconds; replaceable in tests
         self._runner: Any = None
@@ -99,6 +101,16 @@ class DASProposer:
         self.conversations = ConversationKeys()
         self._conversation_lock = threading.Lock()
         self._counters = dict(rounds=0, unattached_rounds=0, speculation_seconds=0.0)
+
+    def engine_controller_config(self, config: ControllerConfig) -> ControllerConfig:
+        """``config`` priced as this engine runs verification: its ``verification_shape`` is the engine's
+        (:func:`~das_trl.vllm.verification_logprobs.verification_shape`: ``"patched"`` where das-trl's logprob patch
+        is installed, else vLLM's ``"padded"``), and an unset ``c_logprob_ms`` becomes the assumed figure at the
+        model's vocabulary (:func:`~das_trl.budget.cost_model.assumed_c_logprob_ms`)."""
+        logprob = assumed_c_logprob_ms(self.vocab_size) if config.c_logprob_ms is None else config.c_logprob_ms
+        if config.verification_shape == self.verification_shape and config.c_logprob_ms == logprob:
+            return config
+        return dataclasses.replace(config, verification_shape=self.verification_shape, c_logprob_ms=logprob)
 
     def _speculator(self, drafter: Any, controller: BudgetController) -> Speculator:
         """A :class:`Speculator` with the engine's limits: the scheduler's token budget and the profiled
@@ -170,7 +182,7 @@ class DASProposer:
                 drafter.load_state_dict(state)
                 self.drafter = drafter
         if controller_config is not None:
-            self.controller = BudgetController(controller_config)
+            self.controller = BudgetController(self.engine_controller_config(controller_config))
             self._observe_history()
         self._step_end = None
         self._runner = model_runner

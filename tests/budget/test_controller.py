@@ -14,7 +14,7 @@ from das_trl.budget.draft_lengths import optimal_draft_lengths
 from das_trl.budget.remaining import remaining_samples
 from das_trl.budget.step_cap import apply_step_cap
 from das_trl.budget.tail import survival, tail_probability
-from das_trl.budget.cost_model import CostModel, OnlineCostFit, fit_linear
+from das_trl.budget.cost_model import ASSUMED_C_LOGPROB_MS, CostModel, OnlineCostFit, fit_linear
 from das_trl.budget.length_table import PAD, LengthTable
 from das_trl.budget.tiers import LengthPolicy, LengthPolicyConfig
 
@@ -76,7 +76,8 @@ def test_expensive_verification_and_low_acceptance_draft_nothing():
 
 
 def test_cheap_verification_and_draining_batch_draft_most_for_the_longest():
-    ctl = BudgetController(ControllerConfig(c_tok_ms=0.005, cost_source="config"))
+    # verification at 0.005 ms per token in all (no logprob row charged on top)
+    ctl = BudgetController(ControllerConfig(c_tok_ms=0.005, c_logprob_ms=0.0, cost_source="config"))
     lengths = {1: [1000, 1100, 950, 1050], 2: [300, 320, 310, 290], 3: [200, 210, 190, 205]}
     for key, ls in lengths.items():
         ctl.observe(key, ls)
@@ -219,15 +220,21 @@ def test_online_fit_recovers_the_cost_model_and_refuses_noise():
 
 def test_controller_uses_the_online_fit_once_trusted():
     ctl = BudgetController(ControllerConfig(cost_source="online", fit_min_steps=8))
-    assert ctl.cost == CostModel(7.0, 0.025)
+    assert ctl.cost == CostModel(7.0, 0.025, ASSUMED_C_LOGPROB_MS)
     for t in range(10, 200, 10):
         ctl.observe_step(t, 2.0 + 0.5 * t)
     assert ctl.cost.c_tok_ms == pytest.approx(0.5) and ctl.cost.c_base_ms == pytest.approx(2.0)
+    assert ctl.cost.c_logprob_ms == 0.0  # patched: the fit's c_tok holds each verified position's logprob row
     assert ctl.stats()["cost_online"] == 1
+    padded = BudgetController(ControllerConfig(cost_source="online", fit_min_steps=8, verification_shape="padded"))
+    for t in range(10, 200, 10):
+        padded.observe_step(t, 2.0 + 0.5 * t)
+    assert padded.cost.c_tok_ms == pytest.approx(0.5) and padded.cost.padded  # the padding is not in proportion
+    assert padded.cost.c_logprob_ms == ASSUMED_C_LOGPROB_MS                       # to the tokens: still charged
     fixed = BudgetController(ControllerConfig(cost_source="config", fit_min_steps=8))
     for t in range(10, 200, 10):
         fixed.observe_step(t, 2.0 + 0.5 * t)
-    assert fixed.cost == CostModel(7.0, 0.025) and fixed.stats()["cost_online"] == 0
+    assert fixed.cost == CostModel(7.0, 0.025, ASSUMED_C_LOGPROB_MS) and fixed.stats()["cost_online"] == 0
 
 
 def test_acceptance_record_corrects_the_estimates_it_selects_on_and_fades():

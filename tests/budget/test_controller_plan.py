@@ -320,3 +320,40 @@ def test_plan_gives_drafted_rows_their_caps_and_others_none():
     plan = ctl.plan(np.zeros(3, np.int64), np.array([10, 50, 130]), caps=np.array([64, 64, 0]),
                     acceptance=np.array([0.9, 0.9, 0.9]))
     assert plan.budget.dtype == np.int32 and ((plan.budget > 0) == plan.draft).all() and plan.budget[2] == 0
+
+
+def _one_long_row_step(n, shape, backend):
+    """A batch of ``n`` rows where row 0 (2,000-token problem) is sure to finish last and drafts at 95 % per token,
+    the others (120-token problem, 20 tokens left) at 50 %: the plan, then the cut of drafts as long as the plan's
+    budgets. Returns (row 0's planned budget, its kept draft, padding_cut_steps)."""
+    ctl = BudgetController(ControllerConfig(cost_source="config", verification_shape=shape, backend=backend,
+                                            pooled_weight=0.0))
+    ctl.observe(0, [2000] * 8)
+    ctl.observe(1, [120] * 8)
+    keys = np.ones(n, np.int64)
+    keys[0] = 0
+    q = np.full(n, 0.5)
+    q[0] = 0.95
+    plan = ctl.plan(keys, np.full(n, 100), np.full(n, 50), None, np.full(n, 64), q, np.arange(n))
+    rows = np.flatnonzero(plan.draft)
+    acc = np.zeros((len(rows), 64))
+    for i, r in enumerate(rows):
+        acc[i, :plan.budget[r]] = q[r] ** np.arange(1, plan.budget[r] + 1)
+    kept = ctl.cut(plan, acc, rows)
+    kept0 = int(kept[0]) if len(rows) and rows[0] == 0 else 0
+    return int(plan.budget[0]), kept0, ctl.stats()["padding_cut_steps"]
+
+
+@pytest.mark.parametrize("backend", ["python", pytest.param("native", marks=pytest.mark.skipif(
+    not native.available(), reason="needs the native core (built by the setup script)"))])
+def test_padded_logprobs_cut_the_long_draft_of_a_large_batch_and_patched_keeps_it(backend):
+    """Where vLLM pads verification logprobs to rows x (longest + 1), each position of the one long draft costs a
+    logprob row for every row of the batch (0.001 ms each: 0.5 ms at 512 rows, more than the ~0.36 ms a token of the
+    last row's progress is worth at its best rate); with the patch it costs its own row only, at any batch size."""
+    patched = {n: _one_long_row_step(n, "patched", backend) for n in (8, 64, 512)}
+    padded = {n: _one_long_row_step(n, "padded", backend) for n in (8, 64, 512)}
+    for n in (8, 64, 512):
+        assert patched[n][1] >= 32 and patched[n][2] == 0  # a long draft for the last row whatever the batch
+    assert padded[8][1] >= 32  # 7 padding rows per position: the long draft still pays
+    assert padded[512][1] < padded[64][1] < patched[64][1]  # the longer the padding, the shorter the draft
+    assert padded[512][1] == 0 and padded[64][2] == padded[512][2] == 1
