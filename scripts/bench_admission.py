@@ -3,6 +3,7 @@ packaged model), against the engine without speculation.
 
     python scripts/bench_admission.py                      # vLLM's scheduler and das-trl's, K 8 and 64
     python scripts/bench_admission.py --ks 64 --schedulers das
+    python scripts/bench_admission.py --scheduler-cost     # the scheduler's own CPU time per step, no engine
 
 The engine: ``max_num_batched_tokens`` 128 with chunked prefill, engine core in this process (one ``step()`` is one
 scheduler step). 24 rows (a chat prompt and a greedy completion, ``--row-tokens`` in all) whose completions are
@@ -45,10 +46,12 @@ def make_engine(model_path: str, num_speculative_tokens: int | None = None, sche
         extra = das_engine_kwargs(num_speculative_tokens)
         if scheduler == "vllm":
             extra["scheduler_cls"] = None
+    # KV cache: 24 rows of 600 tokens and the arrivals are ~17k tokens at 46 KB each (SmolLM2-135M, float32): 1 GiB
+    # holds them all, so no request is preempted or held back for memory.
     old = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     try:
-        return LLM(model=model_path, dtype="float32", max_model_len=max_model_len, kv_cache_memory_bytes=512 * 1024**2,
+        return LLM(model=model_path, dtype="float32", max_model_len=max_model_len, kv_cache_memory_bytes=1024**3,
                    enforce_eager=True, seed=0, disable_log_stats=False, max_num_batched_tokens=BUDGET,
                    enable_chunked_prefill=True, max_num_seqs=64, **extra)
     finally:
@@ -175,6 +178,76 @@ def run_engine(model_path: str, k: int | None, scheduler: str, prompts: dict[str
         shutdown_engine(llm)
 
 
+def fake_request(num_tokens: int, computed: int | None = None, drafts: int = 0, status: Any = None) -> Any:
+    """A request as :class:`~das_trl.vllm.scheduler.DASScheduler` reads it: ``num_tokens`` known tokens, ``computed``
+    of them in the KV cache (default: all but the last, a decoding row), ``drafts`` draft tokens, vLLM's
+    ``RequestStatus`` (default ``RUNNING``)."""
+    from types import SimpleNamespace
+
+    from vllm.v1.request import RequestStatus
+
+    return SimpleNamespace(num_tokens=num_tokens, num_computed_tokens=num_tokens - 1 if computed is None else computed,
+                           num_output_placeholders=0, spec_token_ids=list(range(1, drafts + 1)),
+                           status=RequestStatus.RUNNING if status is None else status)
+
+
+def fake_scheduler(running: list, waiting: list = (), budget: int = BUDGET, num_speculative_tokens: int = 8,
+                   free_blocks: int = 10_000, max_num_seqs: int = 64, chunked: bool = True, caching: bool = False,
+                   hit: int = 0) -> Any:
+    """A ``DASScheduler`` over vLLM's own request queue without an engine: ``running`` / ``waiting`` requests
+    (:func:`fake_request`), a token budget, ``free_blocks`` KV blocks of 16 tokens, ``max_num_seqs`` rows, chunked
+    prefill or not, a prefix cache (``caching``) that holds ``hit`` tokens of every prompt."""
+    from types import SimpleNamespace
+
+    from vllm.v1.core.sched.request_queue import FCFSRequestQueue
+
+    from das_trl.vllm.scheduler import DASScheduler
+
+    sched = object.__new__(DASScheduler)
+    sched.running = list(running)
+    sched.waiting, sched.kv_holding_waiting = FCFSRequestQueue(), FCFSRequestQueue()
+    for request in waiting:
+        sched.waiting.add_request(request)
+    sched.scheduler_config = SimpleNamespace(max_num_batched_tokens=budget, long_prefill_token_threshold=0,
+                                             long_prefill_token_threshold_adaptive=False,
+                                             enable_chunked_prefill=chunked, max_num_seqs=max_num_seqs)
+    sched.max_num_scheduled_tokens = budget
+    sched.max_num_running_reqs = sched.max_num_active_reqs = max_num_seqs
+    sched.num_waiting_for_streaming_input = 0
+    sched.kv_cache_manager = SimpleNamespace(block_pool=SimpleNamespace(get_num_free_blocks=lambda: free_blocks),
+                                             watermark_blocks=0, enable_caching=caching,
+                                             get_computed_blocks=lambda request: (None, hit, 0))
+    sched.kv_cache_config = SimpleNamespace(kv_cache_groups=[object()])
+    sched.block_size, sched.connector, sched.dynamic_sd_lookup = 16, None, None
+    sched.num_spec_tokens = num_speculative_tokens
+    # vLLM keeps a set of the requests still prefilling; a list (the fakes are not hashable) answers the same test
+    sched._inflight_prefills = [r for r in running if r.num_tokens - r.num_computed_tokens > 1]
+    return sched
+
+
+def scheduler_cost(reps: int = 2000) -> None:
+    """Print the thread CPU time of ``DASScheduler.leave_room_for_waiting`` per engine step (on fakes: the cost it
+    adds to vLLM's own ``schedule``) for 64-1024 running rows drafting 4 tokens each."""
+    import time
+
+    from vllm.v1.request import RequestStatus
+
+    def timed(rows: int, waiting: int, max_num_seqs: int) -> float:
+        sched = fake_scheduler([fake_request(600, drafts=4) for _ in range(rows)],
+                               [fake_request(40, 0, status=RequestStatus.WAITING) for _ in range(waiting)],
+                               budget=100_000, max_num_seqs=max_num_seqs)
+        start = time.thread_time()
+        for _ in range(reps):
+            sched.leave_room_for_waiting()
+        return (time.thread_time() - start) / reps * 1e6
+
+    print("DASScheduler.leave_room_for_waiting, thread CPU time per step (us)")
+    print(f"  {'rows':>5} {'nothing waits':>14} {'512 wait, no free row':>22} {'64 admissible':>14}")
+    for rows in (64, 256, 1024):
+        print(f"  {rows:>5} {timed(rows, 0, rows + 64):>14.1f} {timed(rows, 512, rows):>22.1f} "
+              f"{timed(rows, 64, rows + 64):>14.1f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ks", type=int, nargs="+", default=[8, 64], help="DAS K values (default: 8 64)")
@@ -183,7 +256,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--late-tokens", type=int, default=300, help="tokens per late prompt")
     parser.add_argument("--warm", type=int, default=4, help="output tokens every row has when the arrivals come")
     parser.add_argument("--json", default=None, help="also write the figures to this JSON file")
+    parser.add_argument("--scheduler-cost", action="store_true",
+                        help="only print the scheduler's own CPU time per step (no engine)")
     args = parser.parse_args(argv)
+    if args.scheduler_cost:
+        scheduler_cost()
+        return 0
     from das_trl.defaults.model import prepare_default_model
     from das_trl.bench.live.engine import shutdown_engine
 

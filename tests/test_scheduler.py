@@ -6,44 +6,33 @@ admit now (free slots, KV blocks) before any draft token; nothing is cut when no
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+import importlib.util
+from pathlib import Path
 
 import pytest
-from vllm.v1.core.sched.request_queue import FCFSRequestQueue
 from vllm.v1.request import RequestStatus
 
 from das_trl.vllm.engine import SCHEDULER_QUALNAME, das_engine_kwargs, das_server_args
 from das_trl.vllm.scheduler import DASScheduler
 
+ROOT = Path(__file__).resolve().parents[1]
 BUDGET = 128
 K = 8
 
 
-def _request(num_tokens, computed=None, drafts=0, status=RequestStatus.RUNNING):
-    """A request as the scheduler reads it: ``num_tokens`` known tokens, ``computed`` of them in the KV cache
-    (default: all but the last, a decoding row), ``drafts`` draft tokens."""
-    return SimpleNamespace(num_tokens=num_tokens, num_computed_tokens=num_tokens - 1 if computed is None else computed,
-                           num_output_placeholders=0, spec_token_ids=list(range(1, drafts + 1)), status=status)
+def _load_script():
+    spec = importlib.util.spec_from_file_location("bench_admission", ROOT / "scripts" / "bench_admission.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def _scheduler(running, waiting=(), free_blocks=10_000, max_num_seqs=64, chunked=True, caching=False, hit=0):
-    sched = object.__new__(DASScheduler)
-    sched.running = list(running)
-    sched.waiting, sched.kv_holding_waiting = FCFSRequestQueue(), FCFSRequestQueue()
-    for request in waiting:
-        sched.waiting.add_request(request)
-    sched.scheduler_config = SimpleNamespace(max_num_batched_tokens=BUDGET, long_prefill_token_threshold=0,
-                                             long_prefill_token_threshold_adaptive=False,
-                                             enable_chunked_prefill=chunked, max_num_seqs=max_num_seqs)
-    sched.max_num_scheduled_tokens = BUDGET
-    sched.max_num_running_reqs = sched.max_num_active_reqs = max_num_seqs
-    sched.num_waiting_for_streaming_input = 0
-    sched.kv_cache_manager = SimpleNamespace(block_pool=SimpleNamespace(get_num_free_blocks=lambda: free_blocks),
-                                             watermark_blocks=0, enable_caching=caching,
-                                             get_computed_blocks=lambda request: (None, hit, 0))
-    sched.kv_cache_config = SimpleNamespace(kv_cache_groups=[object()])
-    sched.block_size, sched.connector, sched.num_spec_tokens, sched.dynamic_sd_lookup = 16, None, K, None
-    return sched
+_FAKES = _load_script()  # a scheduler's state without an engine: the benchmark's --scheduler-cost uses it too
+_request = _FAKES.fake_request
+
+
+def _scheduler(running, waiting=(), **limits):
+    return _FAKES.fake_scheduler(running, waiting, budget=BUDGET, num_speculative_tokens=K, **limits)
 
 
 def _drafts(sched):

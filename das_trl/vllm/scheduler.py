@@ -65,30 +65,39 @@ class DASScheduler(Scheduler):
             draft tokens cut (``int``; 0 when the drafts fit, nothing drafts, or nothing waits or prefills).
         """
         running = self.running
-        drafting = [r for r in running if r.spec_token_ids]
-        if not drafting:
-            return 0
         budget = int(getattr(self, "max_num_scheduled_tokens", None) or self.scheduler_config.max_num_batched_tokens)
+        # a waiting request can be admitted only into a free row (max_num_seqs); with none, nothing waits for budget
+        waiting = (bool(self.waiting) or bool(getattr(self, "kv_holding_waiting", None))) and self._free_rows() > 0
+        prefills = getattr(self, "_inflight_prefills", None)  # vLLM's set of requests still prefilling (0.32, 0.33)
+        if (not waiting and prefills is not None and not prefills
+                and budget >= self.scheduler_config.max_num_batched_tokens):
+            # O(1): nothing to make room for, and the proposer keeps drafts within max_num_batched_tokens itself
+            return 0
         threshold = self._long_prefill_threshold()
         own = 0  # tokens the running requests take without drafts: 1 per decoding row, a chunk per prefilling one
         prefilling = False
+        drafting, lengths = [], []
         for r in running:
+            if r.spec_token_ids:
+                drafting.append(r)
+                lengths.append(len(r.spec_token_ids))
             tokens = r.num_tokens + r.num_output_placeholders - r.num_computed_tokens
             if tokens > 1:
                 prefilling = True
                 if 0 < threshold < tokens:
                     tokens = threshold
             own += max(tokens, 0)
+        if not drafting:
+            return 0
         defer = throttled and not getattr(self, "prefill_capacity_bound", True)
         room = budget - own
-        if room > 0 and not defer:
+        if room > 0 and not defer and waiting:
             room -= self._waiting_tokens(room, prefilling, threshold)
-        lengths = np.fromiter((len(r.spec_token_ids) for r in drafting), np.int64, len(drafting))
-        total = int(lengths.sum())
+        total = sum(lengths)
         if total <= room:
             return 0
-        kept = cap_step_tokens(lengths, room)
-        for request, n, k in zip(drafting, lengths.tolist(), kept.tolist()):
+        kept = cap_step_tokens(np.asarray(lengths, np.int64), room)
+        for request, n, k in zip(drafting, lengths, kept.tolist()):
             if k < n:
                 request.spec_token_ids = request.spec_token_ids[:k]
         cut = total - int(kept.sum())
@@ -113,8 +122,7 @@ class DASScheduler(Scheduler):
         Approximate for hybrid (several KV groups) and KV-connector engines: it only decides how many draft tokens
         wait a step.
         """
-        free_slots = (int(getattr(self, "max_num_active_reqs", self.max_num_running_reqs)) - len(self.running)
-                      - int(getattr(self, "num_waiting_for_streaming_input", 0)))
+        free_slots = self._free_rows()
         if free_slots <= 0:
             return 0
         queues = [q for q in (getattr(self, "kv_holding_waiting", None), self.waiting) if q]
@@ -153,6 +161,11 @@ class DASScheduler(Scheduler):
                 if free_slots <= 0:
                     return taken
         return taken
+
+    def _free_rows(self) -> int:
+        """Requests vLLM could still admit into the running batch (``max_num_seqs`` less those running or paused)."""
+        return (int(getattr(self, "max_num_active_reqs", self.max_num_running_reqs)) - len(self.running)
+                - int(getattr(self, "num_waiting_for_streaming_input", 0)))
 
     def _cached_tokens(self, request: Request) -> int:
         """Prompt tokens of a new request found in the prefix cache (a read-only lookup; 0 with a KV connector,
