@@ -127,6 +127,11 @@ class DrafterConfig:
             synchronous path's (deterministically: the same inputs give the same drafts). Measured by replay: a
             step drafting a few rows of a large batch cost as much as every row's ingest (docs/benchmarks.md,
             issue 16). False: drafting steps ingest every row first (drafts identical to ``background_ingest=False``).
+        defer_shared_ingest: with ``background_ingest``, a drafting step does before it drafts only what its drafts
+            read now: the drafting rows' own text (own automaton, recent tokens, history matches). The idle rows'
+            tokens and the sibling and batch automata's catch-up with the drafting rows' tokens go to the ingest
+            thread (implies ``defer_idle_rows``): drafts read every row's newest tokens there one step late, while
+            a drafting row's own match in them follows its current context (``native`` backend; deterministic).
 
     Calibration from verification outcomes (``reference/calibration.py``):
         calibrate_acceptance: scale each token's conditional estimate (given the tokens before it) by the
@@ -172,6 +177,7 @@ class DrafterConfig:
     draft_threads: int = field(default_factory=lambda: max(1, min(8, (os.cpu_count() or 1) // 2)))
     background_ingest: bool = True
     defer_idle_rows: bool = True
+    defer_shared_ingest: bool = False
 
     def __post_init__(self) -> None:
         def need(ok: bool, msg: str) -> None:
@@ -192,7 +198,7 @@ class DrafterConfig:
                      f"{name} must be an int in [{low}, {high}], got {value!r}")
         for name in ("use_problem_tree", "use_global_tree", "use_local_tree", "share_running_siblings",
                      "share_running_batch", "truncate_by_evidence", "calibrate_acceptance", "background_ingest",
-                     "defer_idle_rows"):
+                     "defer_idle_rows", "defer_shared_ingest"):
             value = getattr(self, name)  # "no" would read as True, and the native core cannot take it at all
             need(isinstance(value, bool), f"{name} must be a bool, got {value!r}")
         for name in ("max_spec_factor", "max_spec_offset", "min_token_prob", "evidence_pseudocount",

@@ -83,6 +83,7 @@ class NativeDASDrafter:
             "draft_threads": int(getattr(c, "draft_threads", 1)),
             "background_ingest": bool(getattr(c, "background_ingest", True)),
             "defer_idle_rows": bool(getattr(c, "defer_idle_rows", True)),
+            "defer_shared_ingest": bool(getattr(c, "defer_shared_ingest", False)),
         })
         self._lock = threading.RLock()
         self._clear_python()
@@ -337,9 +338,10 @@ class NativeDASDrafter:
             KeyError: a slot that is not active. ValueError: lengths or shapes out of range, or a bad ``out``
             (nothing changed).
         """
-        if _prechecked:
+        if _prechecked:  # the Speculator's own buffer: it only ever holds step outputs (each row zero past its
+            # length), so rows without a draft need zeroing only over their previous draft (fill mode 2)
             self._core.step(_as_matrix(token_matrix), slots, rows, num_tokens, num_prompt, num_sampled, num_verified,
-                            max_tokens, out.tokens, out.accept, out.lengths, out.source, out.match_len, True, release)
+                            max_tokens, out.tokens, out.accept, out.lengths, out.source, out.match_len, 2, release)
             return out
         slots = int32_array(slots, "slots")
         n = len(slots)

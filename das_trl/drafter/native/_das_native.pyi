@@ -53,7 +53,10 @@ class Drafter:
                 ``calibration_step_decay``, ``builder_threads``, ``draft_threads``, ``background_ingest`` (steps in
                 which no row drafts leave their new tokens to the drafter's ingest thread; drafts, counters and
                 stats equal the synchronous path's), ``defer_idle_rows`` (with it, drafting steps leave the rows
-                without a budget to the thread too)); missing keys keep the core's defaults.
+                without a budget to the thread too), ``defer_shared_ingest`` (drafting steps also leave the
+                shared automata named by ``late_shared_groups`` -- 1 siblings, 2 batch, 3 both; default 3 -- to
+                catch up with the drafting rows' tokens on the thread: drafts read them one step late)); missing
+                keys keep the core's defaults.
 
         Raises:
             ValueError: a field out of range.
@@ -75,7 +78,7 @@ class Drafter:
         """The problem key of request ``slot``. Raises ``KeyError`` for an unknown slot."""
 
     def propose(self, slots: _I32, budgets: _I32, tokens: _I32, accept: _F64, lengths: _I32, source: _I8,
-                match_len: _I32, fill_idle: bool = True) -> None:
+                match_len: _I32, fill_idle: int = 1) -> None:
         """Draft for ``n`` active requests at once (GIL released).
 
         Args:
@@ -86,8 +89,11 @@ class Drafter:
             lengths: out, ``int32[n]`` draft lengths.
             source: out, ``int8[n]`` winning source id (``-1``: none).
             match_len: out, ``int32[n]`` context tokens matched by the winning source.
-            fill_idle: zero the ``tokens``/``accept`` rows of rows that do not draft (pass False for buffers that
-                are zero already); a drafting row is written whole (zeros past its length).
+            fill_idle: how the ``tokens``/``accept`` rows of rows that do not draft are zeroed: 0 not at all
+                (buffers that are zero already), 1 whole, 2 only their first ``lengths[i]`` entries (buffers that
+                hold an earlier call's outputs, each row zero past its length: a few bytes per idle row instead of
+                12 K bytes); a drafting row is written whole (zeros past its length; with 2, up to its previous
+                length).
 
         Raises:
             ValueError: a row count differs from ``n`` or ``tokens``/``accept`` do not have K columns.
@@ -96,7 +102,7 @@ class Drafter:
 
     def step(self, matrix: _I32, slots: _I32, rows: _I32, num_tokens: _I32, num_prompt: _I32, num_sampled: _I32,
              num_verified: _I32, budgets: _I32, tokens: _I32, accept: _F64, lengths: _I32, source: _I8,
-             match_len: _I32, fill_idle: bool = True, release: bool = True) -> None:
+             match_len: _I32, fill_idle: int = 1, release: bool = True) -> None:
         """One engine step for ``n`` rows, reading each row's text from the engine's token matrix (GIL released).
 
         Row i is request ``slots[i]``, whose text is ``matrix[rows[i], :num_tokens[i]]`` (``int32[R, L]``, vLLM's
@@ -105,14 +111,17 @@ class Drafter:
         verified = its draft length, capped by ``num_verified[i]`` when ``>= 0``), the new output tokens are
         appended (a request whose output shrank is restarted: preemption), then the row is drafted with
         ``budgets[i]``. Outputs (and ``fill_idle``) as in :meth:`propose`. When no row has a budget > 0 and
-        ``background_ingest`` is on, the new tokens are copied and left to the ingest thread, and the call returns
-        without touching the automata; with ``defer_idle_rows`` a drafting step leaves the rows without a budget to
-        the thread too (ingesting only the drafting rows' tokens before it drafts). ``release=False``: the deferred tokens are
+        ``background_ingest`` is on, the new tokens are copied and queued for the ingest thread, and the call
+        returns without touching the automata or waiting for earlier steps' queued tokens; with ``defer_idle_rows``
+        a drafting step leaves the rows without a budget to the thread too (ingesting only the drafting rows' tokens
+        before it drafts), with ``defer_shared_ingest`` also the late shared automata's catch-up with the drafting
+        rows' tokens. A drafting step first completes everything queued before it. ``release=False``: the deferred tokens are
         queued but not offered to the thread until :meth:`release_ingest` (so a :meth:`trim` right after the step
         never waits for that ingest); a call that needs the state completes them anyway.
 
         Raises:
-            ValueError: a row count differs from ``n`` or ``tokens``/``accept`` do not have K columns.
+            ValueError: a row count differs from ``n``, ``tokens``/``accept`` do not have K columns, or
+                ``fill_idle`` is not 0, 1 or 2.
             KeyError: an inactive slot.
         """
 
@@ -122,6 +131,9 @@ class Drafter:
     def hold_ingest(self, hold: bool) -> None:
         """Tests: while held, the ingest thread takes no work, so the next call that needs the state completes each
         deferred step itself."""
+
+    def ingest_queued_tokens(self) -> int:
+        """Tokens (and started prompts' tokens) queued for the ingest thread now; completes nothing (tests)."""
 
     def release_ingest(self) -> None:
         """Offer the tokens a ``step(..., release=False)`` deferred to the ingest thread (nothing when none)."""

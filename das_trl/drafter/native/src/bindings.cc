@@ -58,6 +58,8 @@ das::DrafterConfig config_from(const nb::dict& d) {
   c.draft_threads = get<int>(d, "draft_threads", c.draft_threads);
   c.background_ingest = get<bool>(d, "background_ingest", c.background_ingest);
   c.defer_idle_rows = get<bool>(d, "defer_idle_rows", c.defer_idle_rows);
+  c.defer_shared_ingest = get<bool>(d, "defer_shared_ingest", c.defer_shared_ingest);
+  c.late_groups = get<int>(d, "late_shared_groups", c.late_groups);
   return c;
 }
 
@@ -155,7 +157,7 @@ NB_MODULE(_das_native, m) {
            "slot"_a)
       .def("propose",
            [](das::Drafter& d, In1<int32_t> slots, In1<int32_t> budgets, Out2<int32_t> tokens, Out2<double> accept,
-              Out1<int32_t> lengths, Out1<int8_t> source, Out1<int32_t> match_len, bool fill_idle) {
+              Out1<int32_t> lengths, Out1<int8_t> source, Out1<int32_t> match_len, int fill_idle) {
              const size_t n = slots.shape(0);
              const size_t K = static_cast<size_t>(d.config().max_spec_tokens);
              need_rows("budgets", budgets.shape(0), n);
@@ -167,6 +169,8 @@ NB_MODULE(_das_native, m) {
              if (tokens.shape(1) != K || accept.shape(1) != K)
                throw das::InputError("tokens and accept must have max_spec_tokens = " + std::to_string(K) +
                                      " columns");
+             if (fill_idle < das::Drafter::kFillNone || fill_idle > das::Drafter::kFillPrevious)
+               throw das::InputError("fill_idle must be 0, 1 or 2, got " + std::to_string(fill_idle));
              nb::gil_scoped_release nogil;
              slot_guard([&] {
                d.propose(slots.data(), budgets.data(), static_cast<int64_t>(n), tokens.data(), accept.data(),
@@ -175,13 +179,13 @@ NB_MODULE(_das_native, m) {
            },
            "slots"_a, "budgets"_a, "tokens"_a.noconvert(), "accept"_a.noconvert(), "lengths"_a.noconvert(),
            "source"_a.noconvert(), "match_len"_a.noconvert(),
-           "fill_idle"_a = true)
+           "fill_idle"_a = 1)
       .def("step",
            [](das::Drafter& d, nb::ndarray<const int32_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> matrix,
               In1<int32_t> slots, In1<int32_t> rows, In1<int32_t> num_tokens, In1<int32_t> num_prompt,
               In1<int32_t> num_sampled, In1<int32_t> num_verified, In1<int32_t> budgets, Out2<int32_t> tokens,
               Out2<double> accept, Out1<int32_t> lengths, Out1<int8_t> source, Out1<int32_t> match_len,
-              bool fill_idle, bool release) {
+              int fill_idle, bool release) {
              const size_t n = slots.shape(0);
              const size_t K = static_cast<size_t>(d.config().max_spec_tokens);
              for (auto [name, got] : {std::pair<const char*, size_t>{"rows", rows.shape(0)},
@@ -194,6 +198,8 @@ NB_MODULE(_das_native, m) {
              if (tokens.shape(1) != K || accept.shape(1) != K)
                throw das::InputError("tokens and accept must have max_spec_tokens = " + std::to_string(K) +
                                      " columns");
+             if (fill_idle < das::Drafter::kFillNone || fill_idle > das::Drafter::kFillPrevious)
+               throw das::InputError("fill_idle must be 0, 1 or 2, got " + std::to_string(fill_idle));
              nb::gil_scoped_release nogil;
              slot_guard([&] {
                d.step(matrix.data(), static_cast<int64_t>(matrix.shape(0)), static_cast<int64_t>(matrix.shape(1)),
@@ -204,7 +210,7 @@ NB_MODULE(_das_native, m) {
            },
            "matrix"_a, "slots"_a, "rows"_a, "num_tokens"_a, "num_prompt"_a, "num_sampled"_a, "num_verified"_a,
            "budgets"_a, "tokens"_a.noconvert(), "accept"_a.noconvert(), "lengths"_a.noconvert(),
-           "source"_a.noconvert(), "match_len"_a.noconvert(), "fill_idle"_a = true,
+           "source"_a.noconvert(), "match_len"_a.noconvert(), "fill_idle"_a = 1,
            "release"_a = true)
       .def("release_ingest", &das::Drafter::release_ingest)
       .def("flush",
@@ -213,6 +219,11 @@ NB_MODULE(_das_native, m) {
              d.flush();
            })
       .def("hold_ingest", &das::Drafter::hold_ingest, "hold"_a, nb::call_guard<nb::gil_scoped_release>())
+      .def("ingest_queued_tokens",
+           [](das::Drafter& d) {
+             nb::gil_scoped_release nogil;
+             return d.ingest_stats().queued_tokens;
+           })
       .def("trim",
            [](das::Drafter& d, In1<int32_t> slots, In1<int32_t> lengths) {
              need_rows("lengths", lengths.shape(0), slots.shape(0));

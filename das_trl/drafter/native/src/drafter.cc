@@ -32,7 +32,9 @@ int32_t down_to(const A& a, int32_t s, int64_t n) {
 // <= cap after appending c. ell <= depth - 1 before the step keeps v on states whose edges are all present.
 template <class A>
 void advance(const A& a, int32_t& v, int32_t& ell, int32_t c, int32_t cap) {
-  int32_t nx = a.find(v, c);
+  // Text mostly follows the most frequent continuation: its target is in the state already read (no edge search).
+  int32_t bt = 0, nx = 0;
+  if (!(a.best(v, bt, nx) && bt == c)) nx = a.find(v, c);
   while (nx < 0 && v != 0) {
     v = a.link(v);
     ell = a.len(v);
@@ -70,16 +72,20 @@ double thread_cpu_seconds() {
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
-// Row i of a batch's outputs reads as "no draft" (tokens / accept zeroed only when fill_idle).
+// Row i of a batch's outputs reads as "no draft": its tokens / accept row zeroed as `fill` says (Drafter::Fill).
 inline void no_draft(int64_t i, int K, int32_t* tokens, double* accept, int32_t* lengths, int8_t* source,
-                     int32_t* match_len, bool fill_idle) {
+                     int32_t* match_len, int fill) {
+  if (fill == Drafter::kFillAll) {
+    std::fill(tokens + i * K, tokens + (i + 1) * K, 0);
+    std::fill(accept + i * K, accept + (i + 1) * K, 0.0);
+  } else if (fill == Drafter::kFillPrevious && lengths[i] != 0) {
+    const int64_t was = std::min<int64_t>(std::max<int32_t>(lengths[i], 0), K);
+    std::fill(tokens + i * K, tokens + i * K + was, 0);
+    std::fill(accept + i * K, accept + i * K + was, 0.0);
+  }
   lengths[i] = 0;
   source[i] = -1;
   match_len[i] = 0;
-  if (fill_idle) {
-    std::fill(tokens + i * K, tokens + (i + 1) * K, 0);
-    std::fill(accept + i * K, accept + (i + 1) * K, 0.0);
-  }
 }
 
 }  // namespace
@@ -97,6 +103,7 @@ void DrafterConfig::validate() const {
   need(cal_bins >= 1 && cal_pseudocount > 0 && cal_cap > cal_pseudocount, "bad calibration settings");
   need(builder_threads >= 1 && builder_threads <= 64, "builder_threads must be in [1, 64]");
   need(draft_threads >= 1 && draft_threads <= 64, "draft_threads must be in [1, 64]");
+  need(late_groups >= 0 && late_groups <= 3, "late_shared_groups must be in [0, 3], got " + std::to_string(late_groups));
 }
 
 Drafter::Drafter(const DrafterConfig& cfg)
@@ -110,6 +117,7 @@ Drafter::Drafter(const DrafterConfig& cfg)
   sp_.offset = static_cast<float>(cfg.max_spec_offset);
   sp_.min_prob = static_cast<float>(cfg.min_token_prob);
   sp_.prepare();
+  late_groups_ = cfg.defer_shared_ingest ? static_cast<unsigned>(cfg.late_groups) : 0u;
   if (cfg.draft_threads > 1) workers_ = std::make_unique<WorkerPool>(cfg.draft_threads);
   if (cfg.background_ingest) ingest_thread_ = std::thread([this] { ingest_loop(); });
 }
@@ -134,7 +142,7 @@ void Drafter::ingest_loop() {
     const auto t0 = std::chrono::steady_clock::now();
     const double c0 = thread_cpu_seconds();
     try {
-      ingest_deferred_locked();
+      ingest_deferred_locked(true);
     } catch (...) {  // std::bad_alloc: the next caller that needs the state raises it
       ingest_error_ = std::current_exception();
       defer_rows_.clear();
@@ -147,17 +155,50 @@ void Drafter::ingest_loop() {
   }
 }
 
-void Drafter::ingest_deferred_locked() {
+void Drafter::ingest_deferred_locked(bool background) {
   const size_t m = defer_rows_.size();
+  behind_.clear();
   for (size_t j = 0; j < m; ++j) {
     if (j + 2 < m) prefetch_row(reqs_[defer_rows_[j + 2].slot], nullptr, nullptr);
     const Deferred& d = defer_rows_[j];
-    extend_locked(reqs_[d.slot], defer_tokens_.data() + d.begin, d.n);
+    Request& r = reqs_[d.slot];
+    const int32_t* t = defer_tokens_.data() + d.begin;
+    if (d.what == Deferred::kStart) {
+      build_locked(r, t, d.n);
+    } else if (d.what == Deferred::kAll) {
+      extend_locked(r, t, d.n);
+      if (background && (r.hm[0].version || r.hm[1].version)) behind_.push_back(d.slot);
+    } else if (r.seq >= 0) {
+      pool_.catch_up(r.seq);
+    }
   }
   defer_rows_.clear();
   defer_tokens_.clear();
   ingest_ready_ = false;
   if (defer_tokens_.capacity() > (size_t{1} << 22)) std::vector<int32_t>().swap(defer_tokens_);  // after a huge step
+  if (!behind_.empty()) catch_up_history_locked();
+}
+
+// The ingest thread's part of the history matches: rows that drafted before (their match states are kept) follow
+// the tokens just ingested here, so their next draft advances over that step's tokens only. The result is the same
+// whenever it is done (sync_history), so drafts do not depend on it; a caller's ingest leaves it to the draft.
+void Drafter::catch_up_history_locked() {
+  std::sort(behind_.begin(), behind_.end());
+  behind_.erase(std::unique(behind_.begin(), behind_.end()), behind_.end());
+  keys_bg_.resize(behind_.size() + 1);
+  for (size_t j = 0; j < behind_.size(); ++j) keys_bg_[j] = reqs_[behind_[j]].problem;
+  keys_bg_.back() = HistoryIndex::kGlobalKey;
+  history_.get_many(keys_bg_.data(), keys_bg_.size(), snaps_bg_);
+  const Snapshot* gsnap = cfg_.use_global ? snaps_bg_.back().get() : nullptr;
+  for (size_t j = 0; j < behind_.size(); ++j) {
+    Request& r = reqs_[behind_[j]];
+    if (!hot_[behind_[j]].active) continue;
+    const Snapshot* psnap = cfg_.use_problem ? snaps_bg_[j].get() : nullptr;
+    if (psnap && r.hm[0].version) sync_history(r, *psnap, r.hm[0]);
+    if (gsnap && r.hm[1].version) sync_history(r, *gsnap, r.hm[1]);
+  }
+  behind_.clear();
+  snaps_bg_.clear();
 }
 
 void Drafter::release_ingest() {
@@ -213,11 +254,25 @@ Drafter::Request& Drafter::req(int32_t slot) {
 const Drafter::Request& Drafter::req(int32_t slot) const { return const_cast<Drafter*>(this)->req(slot); }
 
 void Drafter::start(int32_t slot, const int32_t* prompt, int64_t n, uint64_t problem) {
-  Lock lk = lock_synced();
-  start_locked(slot, prompt, n, problem);
+  if (!ingest_thread_.joinable()) {
+    Lock lk = lock_synced();
+    start_locked(slot, prompt, n, problem);
+    return;
+  }
+  // The request is active at once; its prompt reaches its automata on the ingest thread, queued with the steps'
+  // tokens (in order: every reader completes the queue first), so a start costs the engine a copy of the prompt.
+  Lock lk(mu_);
+  if (ingest_error_) sync_locked();  // rethrows
+  register_locked(slot, n, problem);
+  defer_row(slot, prompt, n, Deferred::kStart);
 }
 
 void Drafter::start_locked(int32_t slot, const int32_t* prompt, int64_t n, uint64_t problem) {
+  register_locked(slot, n, problem);
+  build_locked(reqs_[slot], prompt, n);
+}
+
+void Drafter::register_locked(int32_t slot, int64_t n, uint64_t problem) {
   if (slot < 0 || slot > (1 << 24)) throw InputError("slot must be in [0, 2**24], got " + std::to_string(slot));
   if (slot >= static_cast<int32_t>(reqs_.size())) reqs_.resize(slot + 1), hot_.resize(slot + 1);
   Request& r = reqs_[slot];
@@ -228,6 +283,12 @@ void Drafter::start_locked(int32_t slot, const int32_t* prompt, int64_t n, uint6
   h.prompt_len = n;
   h.pend_n = -1;
   r.problem = problem;
+  r.seq = -1;
+  ++active_;
+  ++ctr_.requests;
+}
+
+void Drafter::build_locked(Request& r, const int32_t* prompt, int64_t n) {
   r.text_len = n;
   r.output_len = 0;
   r.ctx.assign(prompt + (n - std::min<int64_t>(n, cfg_.match_context)), prompt + n);
@@ -239,9 +300,7 @@ void Drafter::start_locked(int32_t slot, const int32_t* prompt, int64_t n, uint6
   } else {
     r.local.reset();
   }
-  r.seq = pool_.start(problem, prompt, n);
-  ++active_;
-  ++ctr_.requests;
+  r.seq = pool_.start(r.problem, prompt, n);
 }
 
 void Drafter::extend(int32_t slot, const int32_t* tokens, int64_t n) {
@@ -254,10 +313,15 @@ void Drafter::extend(int32_t slot, const int32_t* tokens, int64_t n) {
 // Appends to the request's automata, gram sets and match state; Hot (the caller's) is not touched: the ingest thread
 // runs this too.
 void Drafter::extend_locked(Request& r, const int32_t* tokens, int64_t n) {
+  extend_own_locked(r, tokens, n);
+  extend_shared_locked(r, tokens, n);
+}
+
+// What only the request's own drafts read: its own automaton, its recent tokens and lengths, its history matches.
+void Drafter::extend_own_locked(Request& r, const int32_t* tokens, int64_t n) {
   if (n <= 0) return;
   if (r.local)
     for (int64_t i = 0; i < n; ++i) r.local->append(r.local_cur, tokens[i]);
-  if (r.seq >= 0) pool_.extend(r.seq, tokens, n);
   r.ctx.insert(r.ctx.end(), tokens, tokens + n);
   if (static_cast<int64_t>(r.ctx.size()) > 2 * cfg_.match_context)
     r.ctx.erase(r.ctx.begin(), r.ctx.end() - cfg_.match_context);
@@ -265,6 +329,16 @@ void Drafter::extend_locked(Request& r, const int32_t* tokens, int64_t n) {
   r.output_len += n;
   r.hm[0].pending += n;
   r.hm[1].pending += n;
+}
+
+// What other requests' drafts read too: the sibling and batch automata and their gram counts.
+void Drafter::extend_shared_locked(Request& r, const int32_t* tokens, int64_t n) {
+  if (n > 0 && r.seq >= 0) pool_.extend(r.seq, tokens, n);
+}
+
+void Drafter::defer_row(int32_t slot, const int32_t* tokens, int64_t n, uint8_t what) {
+  defer_rows_.push_back(Deferred{slot, what, static_cast<int64_t>(defer_tokens_.size()), n});
+  if (n == 1) defer_tokens_.push_back(*tokens); else defer_tokens_.insert(defer_tokens_.end(), tokens, tokens + n);
 }
 
 void Drafter::stop(int32_t slot) {
@@ -351,6 +425,26 @@ void Drafter::propose_row(Request& r, int budget, const Snapshot* psnap, const S
       match_tail(a, ctx, ctx_len, r.text_len, cfg_.match_context, v, ell);
     }
   };
+  // Own-sequence state in a sibling / batch automaton that lacks the row's newest `lag` tokens while they wait for
+  // the ingest thread (defer_shared_ingest): the state of the suffix the automaton holds (seq_len tokens of the
+  // sequence), advanced over them with the capped matching step, as a history match is (sync_history). Only the
+  // shared automata are read one step late: the matched context is the row's current one.
+  auto group_state = [&](const Automaton& a, const Automaton::Cursor& cur, int64_t seq_len, int64_t lag, int32_t& v,
+                         int32_t& ell) {
+    if (lag == 0) return live_state(a, cur, seq_len, v, ell);
+    const int64_t held = r.text_len - lag;  // text length the automaton holds
+    const int32_t cap0 = static_cast<int32_t>(std::min<int64_t>(cfg_.match_context - 1, held - 1));
+    if (lag >= ctx_len || cap0 < 0 || seq_len < cap0) {
+      match_tail(a, ctx, ctx_len, r.text_len, cfg_.match_context, v, ell);
+      return;
+    }
+    ell = cap0;  // the sequence itself holds its last cap0 tokens
+    v = down_to(a, cur.ptr, cap0);
+    for (int64_t i = lag; i > 0; --i) {
+      const int64_t L = r.text_len - i + 1;
+      advance(a, v, ell, ctx[ctx_len - i], static_cast<int32_t>(std::min<int64_t>(cfg_.match_context - 1, L - 1)));
+    }
+  };
   auto gram_key_of = [&](int32_t first) {
     int32_t buf[64];
     std::copy(ctx + ctx_len - (g - 1), ctx + ctx_len, buf);
@@ -402,14 +496,15 @@ void Drafter::propose_row(Request& r, int budget, const Snapshot* psnap, const S
     Candidate& c = cands[nc];
     c.source = which == 0 ? kSiblings : kBatch;
     int32_t v = 0, ell = 0;
-    live_state(grp->sam, sq.cursor[which], static_cast<int64_t>(sq.tokens.size()), v, ell);
-    speculate(grp->sam, v, ell, k, sp_, c.d);
+    const int64_t lag = pool_.lag(r.seq, which);
+    group_state(grp->sam, sq.cursor[which], sq.held[which], lag, v, ell);
+    speculate(grp->sam, v, ell, k, sp_, c.d, lag > 0 ? 1 : 0);
     if (!keep(c)) continue;
     c.support = 0;
     if (ctx_len >= g - 1) {
       const uint64_t h = gram_key_of(c.d.tokens[0]);
       const int32_t* cnt = grp->gram_counts.find(h);
-      c.support = (cnt ? *cnt : 0) - (sq.grams.find(h) ? 1 : 0);
+      c.support = (cnt ? *cnt : 0) - (pool_.counts_own_gram(r.seq, which, h) ? 1 : 0);
     }
     ++nc;
   }
@@ -479,7 +574,7 @@ void Drafter::propose_row(Request& r, int budget, const Snapshot* psnap, const S
 }
 
 void Drafter::propose(const int32_t* slots, const int32_t* budgets, int64_t n, int32_t* tokens, double* accept,
-                      int32_t* lengths, int8_t* source, int32_t* match_len, bool fill_idle) {
+                      int32_t* lengths, int8_t* source, int32_t* match_len, int fill_idle) {
   Lock lk = lock_synced();
   propose_rows(slots, budgets, n, tokens, accept, lengths, source, match_len, fill_idle);
 }
@@ -499,7 +594,7 @@ void Drafter::prefetch_row(const Request& r, const Snapshot* psnap, const Snapsh
 }
 
 void Drafter::propose_rows(const int32_t* slots, const int32_t* budgets, int64_t n, int32_t* tokens, double* accept,
-                           int32_t* lengths, int8_t* source, int32_t* match_len, bool fill_idle) {
+                           int32_t* lengths, int8_t* source, int32_t* match_len, int fill_idle) {
   const int K = cfg_.max_spec_tokens;
   for (int64_t i = 0; i < n; ++i) req(slots[i]);  // validate every row before changing any state
   // Rows that do not draft: "no draft" and nothing else (no snapshot, no group check, no search).
@@ -534,9 +629,13 @@ void Drafter::propose_rows(const int32_t* slots, const int32_t* budgets, int64_t
       RowOut out;
       out.tokens = tokens + i * K;
       out.accept = accept + i * K;
-      std::fill(out.tokens, out.tokens + K, 0);
-      std::fill(out.accept, out.accept + K, 0.0);
+      // The row is written whole: its draft, then zeros (only over the previous draft with kFillPrevious).
+      const int64_t was = fill_idle == kFillPrevious ? std::min<int64_t>(std::max<int32_t>(lengths[i], 0), K) : K;
       propose_row(reqs_[slots[i]], budgets[i], snaps_buf_[j].get(), gsnap, out, worker_ctr_[w]);
+      if (was > out.length) {
+        std::fill(out.tokens + out.length, out.tokens + was, 0);
+        std::fill(out.accept + out.length, out.accept + was, 0.0);
+      }
       lengths[i] = out.length;
       source[i] = out.source;
       match_len[i] = out.match_len;
@@ -561,7 +660,7 @@ void Drafter::step(const int32_t* matrix, int64_t rows_in_matrix, int64_t row_le
                    const int32_t* rows, const int32_t* num_tokens, const int32_t* num_prompt,
                    const int32_t* num_sampled, const int32_t* num_verified, const int32_t* budgets, int64_t n,
                    int32_t* tokens, double* accept, int32_t* lengths, int8_t* source, int32_t* match_len,
-                   bool fill_idle, bool release) {
+                   int fill_idle, bool release) {
   Lock lk(mu_);
   bool drafting = false;
   for (int64_t i = 0; i < n; ++i) {  // validate every row before changing any state
@@ -584,22 +683,29 @@ void Drafter::step(const int32_t* matrix, int64_t rows_in_matrix, int64_t row_le
         throw InputError("step: row " + std::to_string(i) + " has token id " + std::to_string(text[p]) +
                          " at position " + std::to_string(p) + " (ids must be in [0, 2**31))");
   }
-  // The previous step's deferred tokens first (usually ingested by the thread during the forward pass already).
-  sync_locked();
   const bool threaded = ingest_thread_.joinable();
+  // No row drafts: every row's new tokens go to the ingest thread, behind what earlier steps left there (nothing
+  // reads the automata before the next drafting step or state call, which completes them all first).
   const bool defer = threaded && !drafting;
-  // In a drafting step, rows without a budget may leave their tokens to the thread too (defer_idle_rows): the rows
-  // that draft see their own new tokens, the shared automata get the others' one step later.
-  const bool defer_idle = threaded && drafting && cfg_.defer_idle_rows;
+  // A drafting step with defer_shared_ingest: only what its drafts read now is done now (the drafting rows' own
+  // text); the idle rows' tokens and the shared sibling / batch automata's catch-up with the drafting rows' tokens
+  // go to the thread, so drafts read the other rows' newest tokens one step late (propose_row: group_state).
+  const bool late = threaded && drafting && cfg_.defer_shared_ingest;
+  const bool late_idle = threaded && drafting && (cfg_.defer_shared_ingest || cfg_.defer_idle_rows);
+  // A drafting step reads the automata: every earlier step's deferred work is completed first (usually the thread
+  // did it during the forward pass), so no draft ever reads a half-appended automaton.
+  if (drafting) sync_locked();
+  if (defer_tokens_.size() > kMaxQueuedTokens) sync_locked();  // a thread that cannot keep up: the caller catches up
   const int K = cfg_.max_spec_tokens;
+  bool deferred = false;
   for (int64_t i = 0; i < n; ++i) {
     Hot& h = hot_[slots[i]];
     const int32_t* text = matrix + static_cast<int64_t>(rows[i]) * row_len;
     const int64_t num_output = static_cast<int64_t>(num_tokens[i]) - num_prompt[i];
     if (h.seen > num_output || h.prompt_len != num_prompt[i]) {
-      // Preempted and recomputed from a shorter state (or a new prompt): start over from the prompt. Rows deferred
-      // earlier in this step are ingested first, so the automata see the synchronous path's order.
-      if (defer || defer_idle) sync_locked();
+      // Preempted and recomputed from a shorter state (or a new prompt): start over from the prompt. What is
+      // deferred (earlier steps, rows before this one) is ingested first, so the automata see the synchronous order.
+      sync_locked();
       Request& r = reqs_[slots[i]];
       const uint64_t problem = r.problem;
       stop_locked(r);
@@ -614,13 +720,21 @@ void Drafter::step(const int32_t* matrix, int64_t rows_in_matrix, int64_t row_le
     if (fresh > 0) {
       const int32_t* from = text + num_prompt[i] + known;
       h.seen = num_output;
-      if (defer || (defer_idle && budgets[i] <= 0)) {
-        defer_rows_.push_back(Deferred{slots[i], static_cast<int64_t>(defer_tokens_.size()), fresh});
-        if (fresh == 1) defer_tokens_.push_back(*from); else defer_tokens_.insert(defer_tokens_.end(), from, from + fresh);
+      if (defer || (late_idle && budgets[i] <= 0)) {
+        defer_row(slots[i], from, fresh, Deferred::kAll);
+        deferred = true;
+      } else if (late) {
+        // A drafting row: its own text now (its own automaton, context, history matches), the shared automata on
+        // the thread; until then its match there is advanced over these tokens (group_state).
+        if (i + 2 < n) prefetch_row(reqs_[slots[i + 2]], nullptr, nullptr);
+        Request& r = reqs_[slots[i]];
+        extend_own_locked(r, from, fresh);
+        if (r.seq >= 0) {
+          pool_.extend(r.seq, from, fresh, late_groups_);
+          defer_row(slots[i], nullptr, 0, Deferred::kShared);
+          deferred = true;
+        }
       } else {
-        // A drafting row: everywhere now, the shared sibling / batch automata included. Leaving those to the thread
-        // too saved ~70 us per step on t06 but cost 4 % of the tokens per round on the real GRPO set at c_tok 0.1
-        // (its siblings' automata then lack the row's own newest tokens and grams).
         if (i + 2 < n) prefetch_row(reqs_[slots[i + 2]], nullptr, nullptr);
         extend_locked(reqs_[slots[i]], from, fresh);
       }
@@ -631,7 +745,7 @@ void Drafter::step(const int32_t* matrix, int64_t rows_in_matrix, int64_t row_le
     }
   }
   if (!defer) propose_rows(slots, budgets, n, tokens, accept, lengths, source, match_len, fill_idle);
-  if (defer_rows_.empty()) return;
+  if (!deferred) return;
   ++ingest_.deferred_steps;
   if (!release) return;  // the caller releases it (release_ingest) after its own calls that need no automata
   ingest_ready_ = true;

@@ -8,17 +8,20 @@
 // slots.
 //
 // Deferred ingest (DrafterConfig::background_ingest): a step in which no row drafts copies each row's new tokens into
-// one step buffer and returns; the drafter's ingest thread appends them to the automata (extend_locked: the request's
-// own automaton, its sibling and batch groups and their gram sets) while the engine runs its forward pass. Every
-// method that reads or writes request state first completes that work (sync_locked: if the thread has not taken it
-// yet, the caller ingests it itself), so every draft, counter and statistic equals the synchronous path's: the
-// tokens are ingested in the same order, between the same other operations. The buffer holds at most one step's
-// new tokens (a step completes the previous step's deferred work before it reads its rows).
-// With DrafterConfig::defer_idle_rows (default), a drafting step defers the rows without a budget the same way and
-// ingests only the drafting rows' tokens before it drafts: a drafting row sees its own text up to date and the
-// other rows' newest tokens (in the sibling and batch automata) one step later. Drafts then differ slightly from the
-// synchronous path's, deterministically (the same inputs give the same drafts, whoever ingests the deferred rows);
-// a step with a few drafting rows in a large batch no longer pays for every row's ingest on the critical path.
+// a queue and returns; the drafter's ingest thread appends them to the automata (extend_locked: the request's own
+// automaton, its sibling and batch groups and their gram sets) while the engine runs its forward pass. Every method
+// that reads or writes request state, and every drafting step, first completes that work (sync_locked: if the thread
+// has not taken it yet, the caller ingests it itself), so every draft, counter and statistic equals the synchronous
+// path's: the tokens are ingested in the same order, between the same other operations. A step where no row drafts
+// does not wait for the queue: in a quiet batch the tokens of several steps may wait there (at most
+// kMaxQueuedTokens) until the thread takes them or a caller needs the state.
+// With DrafterConfig::defer_shared_ingest (default), a drafting step keeps on its critical path only what its drafts
+// read now: the drafting rows' own text (own automaton, recent tokens, history match states). The idle rows' new
+// tokens and the shared sibling and batch automata's catch-up with the drafting rows' tokens go to the thread, so a
+// draft reads every row's newest tokens there one step late; a drafting row's own match in those automata is
+// advanced over its newest tokens (Request::shared_lag, propose_row's group_state), so its context is current.
+// Drafts then differ slightly from the synchronous path's, deterministically (the same inputs give the same drafts,
+// whoever ingests the deferred rows).
 //
 // Thread-safety: every public method takes the drafter's mutex (mu_), and so does the ingest thread for the whole of
 // one step's ingest: state has one lock. History snapshots are built on HistoryIndex's own threads and read without
@@ -64,8 +67,10 @@ struct DrafterConfig {
   int cal_bins = 10;
   int builder_threads = 1;
   int draft_threads = 1;        // threads drafting the rows of one engine step (the calling thread included)
-  bool background_ingest = true;  // steps where no row drafts leave their tokens to the ingest thread
-  bool defer_idle_rows = true;    // ... and in drafting steps, so do the rows without a budget
+  bool background_ingest = true;    // steps where no row drafts leave their tokens to the ingest thread
+  bool defer_idle_rows = true;      // ... and drafting steps their rows without a budget
+  bool defer_shared_ingest = false;  // ... and all but their drafting rows' own text (see the top)
+  int late_groups = 3;               // with it, the shared automata read one step late: 1 siblings, 2 batch, 3 both
   void validate() const;
 };
 
@@ -80,12 +85,18 @@ struct RowOut {
 
 class Drafter {
  public:
+  // How the outputs' tokens / accept rows of rows without a draft are cleared: not at all (the caller's buffers are
+  // zero already), whole, or only over each row's previous draft (buffers that hold an earlier step's outputs, each
+  // row zero past its length: a quiet step then writes a few bytes per row instead of K tokens and K estimates).
+  enum Fill : int { kFillNone = 0, kFillAll = 1, kFillPrevious = 2 };
+
   explicit Drafter(const DrafterConfig& cfg);
   // Stops the ingest thread (deferred tokens not yet ingested are dropped with the drafter).
   ~Drafter();
   Drafter(const Drafter&) = delete;
   Drafter& operator=(const Drafter&) = delete;
 
+  // Starts a request; with background_ingest its prompt is queued and reaches its automata on the ingest thread.
   void start(int32_t slot, const int32_t* prompt, int64_t n, uint64_t problem);
   void extend(int32_t slot, const int32_t* tokens, int64_t n);
   void stop(int32_t slot);
@@ -93,10 +104,10 @@ class Drafter {
   uint64_t problem_of(int32_t slot) const;
   // Drafts for n rows: slots[i] active requests, budgets[i] tokens (<= 0: none). Outputs are caller-owned:
   // tokens / accept [n, max_spec_tokens] (row-major), lengths / match_len [n], source [n]. A row that does not draft
-  // gets lengths 0, source -1, match_len 0, and its tokens / accept row is zeroed only when fill_idle (pass false
-  // for buffers that are zero already); a drafting row's is written whole (zero past its length).
+  // gets lengths 0, source -1, match_len 0, and its tokens / accept row zeroed as fill_idle says (Fill); a drafting
+  // row's is written whole (zero past its length, up to the previous length with kFillPrevious).
   void propose(const int32_t* slots, const int32_t* budgets, int64_t n, int32_t* tokens, double* accept,
-               int32_t* lengths, int8_t* source, int32_t* match_len, bool fill_idle = true);
+               int32_t* lengths, int8_t* source, int32_t* match_len, int fill_idle = kFillAll);
   void record_acceptance(int32_t slot, int64_t accepted, int64_t verified);
   // One engine step for n rows, reading each row's text from a token matrix (vLLM's token_ids_cpu): row i is
   // request slots[i], whose text is matrix[rows[i], :num_tokens[i]] with a prompt of num_prompt[i] tokens and
@@ -105,11 +116,11 @@ class Drafter {
   // new output tokens (restarting a request whose output shrank: preemption), then drafts with budgets[i]
   // (outputs as propose's). When no row has a budget > 0 and background_ingest is on, the new tokens are copied and
   // left to the ingest thread (see the top of this file) and step returns without touching the automata; with
-  // defer_idle_rows, so are the tokens of the rows without a budget in a drafting step.
+  // defer_shared_ingest, a drafting step leaves to it all but the drafting rows' own text.
   void step(const int32_t* matrix, int64_t rows_in_matrix, int64_t row_len, const int32_t* slots, const int32_t* rows,
             const int32_t* num_tokens, const int32_t* num_prompt, const int32_t* num_sampled,
             const int32_t* num_verified, const int32_t* budgets, int64_t n, int32_t* tokens, double* accept,
-            int32_t* lengths, int8_t* source, int32_t* match_len, bool fill_idle = true, bool release = true);
+            int32_t* lengths, int8_t* source, int32_t* match_len, int fill_idle = kFillAll, bool release = true);
   // With release = false, step leaves its deferred tokens queued but not yet offered to the ingest thread (calls
   // that need no automaton, such as trim, then never wait for that ingest); release_ingest offers them. Any call that
   // needs the state still completes them first, so nothing is lost if the caller never releases.
@@ -186,9 +197,14 @@ class Drafter {
     int64_t support;
   };
   struct Deferred {  // one row of a deferred step: the request and its new tokens in defer_tokens_
+    // its tokens everywhere / the shared automata's catch-up (no tokens) / a started request's prompt
+    enum : uint8_t { kAll = 0, kShared = 1, kStart = 2 };
     int32_t slot;
+    uint8_t what;
     int64_t begin, n;
   };
+  // The most tokens the queue holds before a step completes it on the caller's thread (a thread that cannot keep up).
+  static constexpr size_t kMaxQueuedTokens = size_t{1} << 22;
   using Lock = std::unique_lock<std::mutex>;
 
   Request& req(int32_t slot);
@@ -201,17 +217,26 @@ class Drafter {
   // Prefetch the states an upcoming row will touch first (rows are independent: their data is scattered in memory).
   void prefetch_row(const Request& r, const Snapshot* psnap, const Snapshot* gsnap) const;
   void start_locked(int32_t slot, const int32_t* prompt, int64_t n, uint64_t problem);
+  // start_locked's two halves: the request's slot state (at once) and its automata / context (possibly deferred).
+  void register_locked(int32_t slot, int64_t n, uint64_t problem);
+  void build_locked(Request& r, const int32_t* prompt, int64_t n);
   void extend_locked(Request& r, const int32_t* tokens, int64_t n);
+  void extend_own_locked(Request& r, const int32_t* tokens, int64_t n);
+  void extend_shared_locked(Request& r, const int32_t* tokens, int64_t n);
+  // Queues n new tokens of the request in slot for the ingest thread (what: Deferred::kAll or kShared).
+  void defer_row(int32_t slot, const int32_t* tokens, int64_t n, uint8_t what);
   void stop_locked(Request& r);
   void record_locked(Request& r, int64_t accepted, int64_t verified);
   void propose_rows(const int32_t* slots, const int32_t* budgets, int64_t n, int32_t* tokens, double* accept,
-                    int32_t* lengths, int8_t* source, int32_t* match_len, bool fill_idle);
+                    int32_t* lengths, int8_t* source, int32_t* match_len, int fill_idle);
   // Takes the mutex and completes the deferred ingest (the lock every request-state method starts with; const
   // methods too: the ingest changes no value they report, it only makes it current).
   Lock lock_synced() const;
   // With mu_ held: ingests the deferred rows, if any, on this thread; rethrows an error of the ingest thread.
   void sync_locked();
-  void ingest_deferred_locked();
+  // background: on the ingest thread (then the history matches of rows that drafted before catch up too).
+  void ingest_deferred_locked(bool background = false);
+  void catch_up_history_locked();
   void ingest_loop();
 
   DrafterConfig cfg_;
@@ -229,8 +254,12 @@ class Drafter {
   std::vector<Counters> worker_ctr_;
   std::vector<uint64_t> keys_buf_;
   std::vector<int32_t> draft_rows_;  // rows of the current call that draft
+  unsigned late_groups_ = 0;         // LivePool::extend's `late` for drafting rows (defer_shared_ingest)
   // Deferred ingest (guarded by mu_): one step's rows and tokens, the thread, its wake-up and accounting.
   std::vector<Deferred> defer_rows_;
+  std::vector<int32_t> behind_;  // the ingest thread's rows whose history matches catch up (catch_up_history_locked)
+  std::vector<uint64_t> keys_bg_;
+  std::vector<std::shared_ptr<const Snapshot>> snaps_bg_;
   std::vector<int32_t> defer_tokens_;
   std::condition_variable ingest_cv_;
   bool ingest_stop_ = false, ingest_hold_ = false;

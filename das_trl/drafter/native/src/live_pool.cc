@@ -34,40 +34,65 @@ int32_t LivePool::start(uint64_t problem, const int32_t* prompt, int64_t prompt_
     Group& g = group(key_of(id, which));
     g.members.push_back(id);
   }
+  s.held[0] = s.held[1] = 0;
+  s.fresh.clear();
+  s.fresh_held[0] = s.fresh_held[1] = 0;
   const int64_t tail = std::min<int64_t>(cfg_.prompt_tail, prompt_len);
-  add_tokens(id, prompt + (prompt_len - tail), tail);
+  add_tokens(id, prompt + (prompt_len - tail), tail, 0);
   return id;
 }
 
-void LivePool::extend(int32_t id, const int32_t* tokens, int64_t n) { add_tokens(id, tokens, n); }
+void LivePool::extend(int32_t id, const int32_t* tokens, int64_t n, unsigned late) { add_tokens(id, tokens, n, late); }
 
-void LivePool::add_tokens(int32_t id, const int32_t* tokens, int64_t n) {
-  if (n <= 0) return;
+void LivePool::catch_up(int32_t id) { add_tokens(id, nullptr, 0, 0); }
+
+void LivePool::add_tokens(int32_t id, const int32_t* tokens, int64_t n, unsigned late) {
   Seq& s = *seqs_[id];
   const int gm = cfg_.gram;
-  const bool was_empty = s.tokens.empty();
-  Group* gs[2] = {nullptr, nullptr};
-  for (int which = 0; which < 2; ++which) {
-    if (which == 0 ? !cfg_.share_siblings : !cfg_.share_batch) continue;
-    gs[which] = group_of(id, which);
-    if (was_empty) gs[which]->nonempty += 1;
-    gs[which]->tokens += n;
-  }
   for (int64_t i = 0; i < n; ++i) {
-    const int32_t t = tokens[i];
-    s.tokens.push_back(t);
-    for (int which = 0; which < 2; ++which)
-      if (gs[which]) gs[which]->sam.append(s.cursor[which], t);
-    if (static_cast<int64_t>(s.tokens.size()) >= gm) {
-      const uint64_t k = gram_key(s.tokens.data() + s.tokens.size() - gm, gm);
-      if (!s.grams.find(k)) {
-        s.grams[k] = 1;
-        for (int which = 0; which < 2; ++which)
-          if (gs[which]) gs[which]->gram_counts[k] += 1;
-      }
-    }
+    s.tokens.push_back(tokens[i]);
+    const int64_t p = static_cast<int64_t>(s.tokens.size()) - 1;
+    if (p + 1 < gm) continue;
+    const uint64_t k = gram_key(s.tokens.data() + p + 1 - gm, gm);
+    if (s.grams.find(k)) continue;
+    s.grams[k] = 1;
+    s.fresh.push_back(Gram{p, k});
   }
   running_tokens_ += n;
+  bool all = true;  // every group holds every token
+  for (int which = 0; which < 2; ++which) {
+    if (!group_on(which)) continue;
+    if (late & (1u << which)) {
+      all &= s.held[which] == static_cast<int64_t>(s.tokens.size());
+      continue;
+    }
+    Group* g = group_of(id, which);  // a rebuild appends every token already
+    if (g) append_held(s, which, *g);
+  }
+  if (all) {
+    s.fresh.clear();
+    s.fresh_held[0] = s.fresh_held[1] = 0;
+  }
+}
+
+void LivePool::append_held(Seq& s, int which, Group& g) {
+  const int64_t end = static_cast<int64_t>(s.tokens.size());
+  const int64_t from = s.held[which];
+  if (from == end) return;
+  if (from == 0) g.nonempty += 1;
+  g.tokens += end - from;
+  for (int64_t p = from; p < end; ++p) g.sam.append(s.cursor[which], s.tokens[p]);
+  for (size_t f = s.fresh_held[which]; f < s.fresh.size(); ++f) g.gram_counts[s.fresh[f].key] += 1;
+  s.held[which] = end;
+  s.fresh_held[which] = s.fresh.size();
+}
+
+bool LivePool::counts_own_gram(int32_t id, int which, uint64_t key) const {
+  const Seq& s = *seqs_[id];
+  if (!s.grams.find(key)) return false;
+  for (size_t f = s.fresh_held[which]; f < s.fresh.size(); ++f)
+    if (s.fresh[f].key == key) return false;  // a first occurrence the group does not hold yet
+  return true;
 }
 
 LivePool::Group* LivePool::group_of(int32_t id, int which) {
@@ -91,6 +116,8 @@ void LivePool::rebuild(uint64_t key, Group& g) {
     Automaton::Cursor cur;
     for (int32_t t : s.tokens) g.sam.append(cur, t);
     s.cursor[which] = cur;  // kept for running members; harmless for finished ones
+    s.held[which] = static_cast<int64_t>(s.tokens.size());
+    s.fresh_held[which] = s.fresh.size();
     s.grams.for_each([&](uint64_t k, char) { g.gram_counts[k] += 1; });
     g.nonempty += !s.tokens.empty();
     g.tokens += static_cast<int64_t>(s.tokens.size());

@@ -39,9 +39,18 @@ constexpr uint64_t kBatchGroup = ~0ULL;
 
 class LivePool {
  public:
+  struct Gram {  // a g-gram's first occurrence in a sequence: its last token's position and its key
+    int64_t pos;
+    uint64_t key;
+  };
   struct Seq {
     PodVector<int32_t> tokens;  // prompt tail + output (all rows grow in step: no vector copies, pod_vector.h)
     FlatMap<char> grams;          // its distinct g-gram keys
+    // A group automaton may hold fewer of its tokens than `tokens` (extend's `late`): held[which] of them, and
+    // fresh_held[which] of `fresh`, the first occurrences not yet counted by every group (cleared when all are).
+    int64_t held[2] = {0, 0};
+    size_t fresh_held[2] = {0, 0};
+    PodVector<Gram> fresh;
     uint64_t problem = 0;
     bool finished = false;
     bool alive = false;
@@ -65,7 +74,18 @@ class LivePool {
   // A running request joins its problem's sibling group and the batch group; returns its sequence id (-1 if no
   // group is on).
   int32_t start(uint64_t problem, const int32_t* prompt, int64_t prompt_len);
-  void extend(int32_t seq, const int32_t* tokens, int64_t n);
+  // Appends tokens to a running sequence; the groups whose bit is set in `late` (1: siblings, 2: batch) get them
+  // only at the next catch_up or extend of this sequence (or a rebuild of that group).
+  void extend(int32_t seq, const int32_t* tokens, int64_t n, unsigned late = 0);
+  // Appends to each group of the sequence what it still lacks.
+  void catch_up(int32_t seq);
+  // Tokens of the sequence its group `which` does not hold yet.
+  int64_t lag(int32_t seq, int which) const {
+    const Seq& s = *seqs_[seq];
+    return static_cast<int64_t>(s.tokens.size()) - s.held[which];
+  }
+  // Whether the group `which` counts gram `key` among the sequence's own (in its gram_counts).
+  bool counts_own_gram(int32_t seq, int which, uint64_t key) const;
   // The request stopped: its sequence lingers (or is dropped at once when its output is empty).
   void stop(int32_t seq, int64_t output_len);
   // Drops the finished sequences of these problems (their rollouts just entered the history).
@@ -115,7 +135,10 @@ class LivePool {
 
  private:
   Group& group(uint64_t key);
-  void add_tokens(int32_t seq, const int32_t* tokens, int64_t n);
+  void add_tokens(int32_t seq, const int32_t* tokens, int64_t n, unsigned late);
+  // Appends to group `which` (g) the sequence's tokens it does not hold yet, with their first-occurrence grams.
+  void append_held(Seq& s, int which, Group& g);
+  bool group_on(int which) const { return which == 0 ? cfg_.share_siblings : cfg_.share_batch; }
   void drop(int32_t seq);
   void unlinger(Seq& s);
   void rebuild(uint64_t key, Group& g);

@@ -6,7 +6,8 @@
 // of count ratios) falls below min_token_prob; it keeps the draft with the largest float32 sum of probabilities,
 // the longer match on ties. All match lengths held by one automaton state share their continuations, so the path
 // is computed once per state on the match's suffix-link chain, and the chain is left as soon as no shorter match
-// can beat the best score (every probability is <= 1, so a draft of L tokens scores <= L).
+// can beat the best score (every probability is <= 1, so a draft of L tokens scores <= L); a state whose first
+// continuation's probability p1 cannot reach the best score in the path's length (L p1) is skipped without its walk.
 //
 // Difference to arctic, by design: among equally frequent continuations arctic takes whichever its hash map yields
 // first; here the smallest token id (deterministic, equal to das_trl.drafter.reference_tree).
@@ -61,8 +62,11 @@ struct RawDraft {
 };
 
 // A: Automaton or Snapshot. v/ell: the state holding the longest matched suffix and its length (ell >= 1).
+// own_end: occurrences of the matched strings the automaton does not hold yet (the request's own current end, in a
+// shared automaton that lacks its newest tokens): each path's probabilities are counted against cnt + own_end, as
+// if they were there (an end has no continuation: only the matched state's count changes).
 template <class A>
-void speculate(const A& a, int32_t v, int ell, int budget, const SpecParams& p, RawDraft& out) {
+void speculate(const A& a, int32_t v, int ell, int budget, const SpecParams& p, RawDraft& out, int32_t own_end = 0) {
   out.n = 0;
   out.match_len = 0;
   out.score = 0.0f;
@@ -80,13 +84,31 @@ void speculate(const A& a, int32_t v, int ell, int budget, const SpecParams& p, 
     // The longest path any m in [lo, hi] may use: limit(m) peaks somewhere in the range; take the max.
     int need = 0;
     for (int m = lo; m <= hi; ++m) need = std::max(need, p.limit(m, budget));
+    if (have) {
+      // Every probability on s's path is at most its first, p1 (later ones multiply it by ratios <= 1, and float
+      // rounding is monotone), so no draft from s scores more than p1 summed need times: when that cannot beat the
+      // best so far (a tie keeps the longer match found before), s's path is not walked. Exact: the same draft.
+      int32_t t1 = 0, n1 = 0;
+      if (!a.best(s, t1, n1)) {
+        hi = lo - 1;
+        continue;
+      }
+      const float p1 = 1.0f * (static_cast<float>(a.cnt(n1)) / static_cast<float>(a.cnt(s) + own_end));
+      float most = 0.0f;
+      for (int j = 0; j < need; ++j) most += p1;
+      if (most <= out.score) {
+        hi = lo - 1;
+        continue;
+      }
+    }
     int k = 0;
     float prob = 1.0f;
     int32_t node = s;
     while (k < need) {
       int32_t tok = 0, nxt = 0;
       if (!a.best(node, tok, nxt)) break;
-      float np = prob * (static_cast<float>(a.cnt(nxt)) / static_cast<float>(a.cnt(node)));
+      const int32_t den = k == 0 ? a.cnt(node) + own_end : a.cnt(node);
+      float np = prob * (static_cast<float>(a.cnt(nxt)) / static_cast<float>(den));
       if (!(np >= p.min_prob)) break;
       tokens[k] = tok;
       probs[k] = np;
