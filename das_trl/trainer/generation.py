@@ -52,6 +52,22 @@ TRL_OWNED_ENGINE_KWARGS = {
 }
 
 
+def attach_drafter(engine: DASEngine, das: dict[str, Any], who: str) -> dict[str, Any]:
+    """Attach the engine's drafter with a trainer's ``das_*`` settings (:func:`drafter_config_fields`); returns the
+    drafter's stats (``engine.limits`` holds the engine's sizes afterwards).
+
+    Raises:
+        DASEngineError: the engine does not run the DAS drafter or refused the settings (the message names ``who``).
+    """
+    try:
+        stats = engine.attach(drafter_config_fields(das))
+    except DASEngineError as exc:
+        raise DASEngineError(f"{who} cannot use the vLLM engine: {exc}") from None
+    logger.info("DAS drafter attached (K=%s, history tokens=%s, engine dtype %s)",
+                stats.get("num_speculative_tokens"), stats.get("history_tokens"), stats.get("engine_dtype"))
+    return stats
+
+
 class DASVLLMGeneration(VLLMGeneration):
     """TRL's vLLM generation backend, with the DAS drafter in the engine.
 
@@ -192,12 +208,7 @@ class DASVLLMGeneration(VLLMGeneration):
 
     def _check_engine(self, engine: DASEngine) -> None:
         """Attach the drafter with this run's settings; any failure becomes a clear :class:`DASEngineError`."""
-        try:
-            stats = engine.attach(drafter_config_fields(self.das))
-        except DASEngineError as exc:
-            raise DASEngineError(f"DASGRPOTrainer cannot use the vLLM engine: {exc}") from None
-        logger.info("DAS drafter attached (K=%s, history tokens=%s, engine dtype %s)",
-                    stats.get("num_speculative_tokens"), stats.get("history_tokens"), stats.get("engine_dtype"))
+        stats = attach_drafter(engine, self.das, "DASGRPOTrainer")
         self._check_headroom_at_start(engine.limits)
         mismatch = dtype_mismatch_message(stats.get("engine_dtype"),
                                           trainer_compute_dtype(self.model, self.accelerator.mixed_precision))

@@ -40,7 +40,7 @@ from das_trl.trainer.generation import DASVLLMGeneration
 from das_trl.trainer.history_sync import push_history
 from das_trl.trainer.problem_ids import problem_ids_of
 from das_trl.vllm.client import DASEngineError
-from das_trl.vllm.sampling_check import check_sampling_params, format_issues, trl_sampling_params
+from das_trl.vllm.sampling_check import refuse_unsupported_sampling
 
 logger = logging.getLogger(__name__)
 
@@ -102,13 +102,7 @@ class DASGRPOTrainer(GRPOTrainer):
         """Fail early on sampling parameters vLLM rejects with speculation on; log the ones that weaken it."""
         from das_trl.vllm.engine import is_cpu_build
 
-        issues = check_sampling_params(trl_sampling_params(args), cpu_build=is_cpu_build())
-        errors = [i for i in issues if i.severity == "error"]
-        if errors:
-            raise ValueError("DASGRPOTrainer: these sampling parameters cannot be used with DAS speculative "
-                             "rollouts:\n" + format_issues(errors))
-        for issue in issues:
-            logger.warning("DAS sampling note: %s", format_issues([issue]))
+        refuse_unsupported_sampling(args, "DASGRPOTrainer", cpu_build=is_cpu_build())
 
     def _build_vllm_generation(self, args: Any) -> DASVLLMGeneration:
         # The same arguments GRPOTrainer.__init__ passes to VLLMGeneration (trl 1.16).

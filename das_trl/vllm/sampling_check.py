@@ -26,9 +26,12 @@ what this package is tested against.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 _EPS = 1e-5
 _NOTE_PARAMS = {
@@ -131,3 +134,24 @@ def trl_sampling_params(args: Any) -> dict[str, Any]:
 def format_issues(issues: list[SamplingIssue]) -> str:
     """One line per issue: ``"<severity> <param>=<value>: <message>"``."""
     return "\n".join(f"{i.severity} {i.param}={i.value!r}: {i.message}" for i in issues)
+
+
+def refuse_unsupported_sampling(args: Any, who: str, cpu_build: bool) -> None:
+    """A trainer's check at construction: raise for the sampling parameters of ``args`` (:func:`trl_sampling_params`)
+    that vLLM rejects with speculation on; log a warning for each one that only weakens it.
+
+    Args:
+        args: the trainer's config (a ``GRPOConfig``, an ``AsyncGRPOConfig``, or any object with those fields).
+        who: the trainer's name, for the message.
+        cpu_build: whether the engine is vLLM's CPU build.
+
+    Raises:
+        ValueError: one line per refused parameter (:func:`format_issues`).
+    """
+    issues = check_sampling_params(trl_sampling_params(args), cpu_build=cpu_build)
+    errors = [i for i in issues if i.severity == "error"]
+    if errors:
+        raise ValueError(f"{who}: these sampling parameters cannot be used with DAS speculative rollouts:\n"
+                         + format_issues(errors))
+    for issue in issues:
+        logger.warning("DAS sampling note: %s", format_issues([issue]))
