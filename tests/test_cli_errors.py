@@ -147,3 +147,113 @@ def test_second_check_findings_are_exit_2_before_any_replay(rollouts, tmp_path, 
     rc, err, out = _replay(capsys, "--rollouts", rollouts, "--drafters", "none,das+siblings", "--das-config",
                            '{"live_token_budget": 100000000000000000000000}')
     assert rc == 2 and "live_token_budget must be an int in [0, " in err and "history epochs" not in out
+
+
+# ------------------------------------------------------------------- das-trl serve / doctor / bench page (new-user check)
+def _no_process(*args, **kwargs):
+    raise AssertionError("a process was started for arguments that cannot run")
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--port", "99999"], "--port 99999: allowed 1..65535"),
+    (["--model", "/nonexistent/das-trl/model"], "--model /nonexistent/das-trl/model: no such file or folder"),
+    (["--model", "./no-such-model-dir"], "--model ./no-such-model-dir: no such file or folder"),
+    (["--gpu-memory-utilization", "7"], "--gpu-memory-utilization 7.0: allowed a fraction above 0 and at most 1"),
+    (["--pipeline-parallel-size", "two"], "argument --pipeline-parallel-size/-pp: invalid int value: 'two'"),
+    (["--print-trl-command", "--drafter-config", '{"window": 4}'], "--drafter-config cannot travel through trl"),
+])
+def test_serve_refuses_bad_settings_in_one_line_before_starting_anything(argv, says, monkeypatch, caplog, capsys):
+    import subprocess
+
+    from das_trl.vllm import serve
+
+    monkeypatch.setattr(subprocess, "Popen", _no_process)
+    assert serve.main(["--model", "unused", *argv]) == 2
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and says in errors[0] and "\n" not in errors[0], errors
+    assert "usage:" not in capsys.readouterr().err
+
+
+def test_serve_lets_hub_names_through_and_parses_flags_in_one_line(capsys):
+    from das_trl.vllm import serve
+
+    args = serve.build_parser().parse_args(["--model", "Qwen/Qwen2.5-Math-1.5B"])
+    assert serve.check_serve_args(args) == []  # a hub name is vLLM's to download
+    assert serve.looks_local("models/qwen/ckpt") and serve.looks_local("~/m") and not serve.looks_local("gpt2")
+    with pytest.raises(SystemExit) as exc:
+        serve.main(["--port", "abc"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1
+    assert err.startswith("das-trl serve: error: argument --port: invalid int value: 'abc'")
+
+
+def _fake_server(tmp_path, lines: list[str], code: int) -> "subprocess.Popen":
+    """A process that prints ``lines`` (as a server's log) and exits with ``code`` (negative: kills itself)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "server.py"
+    end = f"os.kill(os.getpid(), {-code})" if code < 0 else f"sys.exit({code})"
+    script.write_text("import os, sys\n" + "".join(f"print({line!r}, flush=True)\n" for line in lines) + end + "\n")
+    return subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def test_serve_reports_a_server_that_stops_by_itself_with_its_cause(tmp_path, caplog, capsysbinary):
+    # vLLM's server exits 0 when an engine process of a data-parallel server dies; das-trl serve exited 0 in silence.
+    import io
+
+    from das_trl.vllm.serve import serve_until_exit
+    from das_trl.vllm.server_output import OutputTail
+
+    log = ["INFO 12-03 22:40:00 [api_server.py:1] Started server process",
+           "ERROR 12-03 22:41:02 [async_llm.py:480] AsyncLLM output_handler failed.",
+           "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above)",
+           "WARNING 12-03 22:41:02 [core_client.py:818] [shutdown] MPClient: engine core exited unexpectedly; "
+           "starting cleanup",
+           "INFO:     Shutting down"]
+    for code, rc, words in ((0, 1, "exit code 0"), (3, 3, "exit code 3"), (-9, 137, "signal SIGKILL")):
+        caplog.clear()
+        process = _fake_server(tmp_path, log, code)
+        copied = io.BytesIO()
+        output = OutputTail()
+        output.follow(process.stdout, copied)
+        output.follow(process.stderr, io.BytesIO())
+        assert serve_until_exit(process, [], output) == rc
+        errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+        assert len(errors) == 1 and "\n" not in errors[0]
+        assert f"stopped while serving ({words})" in errors[0] and "engine core exited unexpectedly" in errors[0]
+        assert b"Started server process" in copied.getvalue()  # the server's output still reaches the user
+    # Stopped on request (Ctrl-C / SIGTERM forwarded): the server's own exit code, no error line.
+    caplog.clear()
+    process = _fake_server(tmp_path, ["INFO:     Shutting down"], 0)
+    output = OutputTail()
+    output.follow(process.stdout, io.BytesIO())
+    assert serve_until_exit(process, [15], output) == 0
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+
+
+def test_bench_page_refuses_an_img_folder_under_a_file_before_writing_pages(tmp_path, capsys):
+    # It rewrote the pages, then failed with a traceback when drawing the figures.
+    from pathlib import Path
+
+    suite = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "suite.json.gz"
+    page = tmp_path / "page.md"
+    page.write_text("<!-- bench:cost-table:start -->\nold\n<!-- bench:cost-table:end -->\n")
+    (tmp_path / "file").write_text("")
+    img = tmp_path / "file" / "img"
+    rc = cli_main(["bench", "page", "--json", str(suite), "--pages", str(page), "--img", str(img)])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"das-trl bench page: error: --img {img}: {tmp_path / 'file'} is a file" in err
+    assert "Traceback" not in err and "old" in page.read_text()  # nothing was rewritten
+
+
+def test_doctor_server_accepts_an_address_without_http(monkeypatch, capsys):
+    from das_trl import doctor
+
+    seen = []
+    monkeypatch.setattr(doctor, "run_checks", lambda server_url=None: seen.append(server_url) or [])
+    assert doctor.main(["--server", "localhost:8000"]) == 0
+    assert seen == ["http://localhost:8000"]
+    with pytest.raises(SystemExit) as exc:
+        doctor.main(["--server", "ftp://localhost:8000"])
+    assert exc.value.code == 2 and "--server: server address 'ftp://localhost:8000'" in capsys.readouterr().err

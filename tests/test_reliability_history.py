@@ -148,6 +148,44 @@ def test_server_gone_mid_run_is_reported_with_how_to_resume(tmp_path, monkeypatc
     assert "checkpoint-4" in message and "resume_from_checkpoint=True" in message
 
 
+def test_engine_dead_behind_a_server_is_reported_with_how_to_resume(tmp_path, monkeypatch):
+    """TRL's client raises a bare Exception("Request failed: 500, ...") when vLLM answers EngineDeadError (an engine
+    process died); the trainer turns it into its engine-went-away message when the server's /health no longer
+    answers 200, and leaves any other failure as it is."""
+    from trl import GRPOTrainer
+
+    from das_trl.vllm.client import HTTPDASEngine
+
+    engine = HTTPDASEngine("http://127.0.0.1:9")
+    trainer = _trainer(_engine(), tmp_path)
+    trainer.vllm_generation.engine = engine
+    trainer.state.global_step = 2
+    failure = [Exception('Request failed: 500, {"error": {"message": "EngineCore encountered an issue. See stack '
+                         'trace (above) for the root cause.", "type": "EngineDeadError"}}')]
+
+    def fails(self, *args, **kwargs):
+        raise failure[0]
+
+    monkeypatch.setattr(GRPOTrainer, "_generate", fails)
+    healthy = [False]
+    monkeypatch.setattr(HTTPDASEngine, "health", lambda self: healthy[0])
+    with pytest.raises(DASEngineError) as info:
+        trainer._generate(["prompt"])
+    message = str(info.value)
+    assert "went away during step 3" in message and "EngineDeadError" in message
+    assert "resume_from_checkpoint=True" in message and "trl vllm-serve" in message
+    healthy[0] = True  # a 500 from a server that is still healthy is not an engine that went away
+    with pytest.raises(Exception, match="Request failed: 500") as info:
+        trainer._generate(["prompt"])
+    assert type(info.value) is Exception
+    healthy[0] = False
+    for other in (Exception("Request failed: 400, bad request"), ValueError("Request failed: 500, x")):
+        failure[0] = other  # a client error, or not TRL's bare form: as it was
+        with pytest.raises(type(other)) as info:
+            trainer._generate(["prompt"])
+        assert info.value is other
+
+
 # ------------------------------------------------------------------------------------ case 4: checkpoints and resume
 def test_history_saved_in_checkpoint_and_restored_on_resume_drafts_the_same(tmp_path, monkeypatch):
     from trl import GRPOTrainer

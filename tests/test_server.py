@@ -1,6 +1,7 @@
 """Server mode: ``das-trl serve`` (vLLM's OpenAI server + DAS), TRL's client, and DASGRPOTrainer over HTTP.
 
-Also: a plain vLLM server (dev mode, no DAS) is reported as "not a DAS engine" at trainer start, not as a hang.
+Also: a plain vLLM server (dev mode, no DAS) is reported as "not a DAS engine" at trainer start, not as a hang, with
+the commands that start a DAS server in its place.
 """
 
 from __future__ import annotations
@@ -84,9 +85,13 @@ def test_plain_vllm_server_is_reported_as_not_das(model_path, tmp_path):
         args = DASGRPOConfig(output_dir=str(tmp_path / "run"), use_vllm=True, vllm_mode="server",
                              vllm_server_base_url=f"http://127.0.0.1:{port}", num_generations=4,
                              per_device_train_batch_size=8, report_to="none", bf16=False)
-        with pytest.raises(DASEngineError, match="not a DAS engine|does not run the DAS drafter"):
+        with pytest.raises(DASEngineError, match="not a DAS engine|does not run the DAS drafter") as info:
             DASGRPOTrainer(model=model_path, reward_funcs=DEFAULT_REWARD_FUNCS, args=args,
                            train_dataset=load_reasoning_gym_dataset("gsm_symbolic", size=2, seed=0))
+        # The refusal names the commands that start a DAS server for this model and port.
+        message = str(info.value)
+        assert f"`das-trl serve --model {model_path} --port {port}`" in message, message
+        assert "trl vllm-serve --model" in message and "--speculative-config" in message, message
     finally:
         stop(process)
 

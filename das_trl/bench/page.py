@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import sys
 from pathlib import Path
@@ -299,6 +300,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def check_img_folder(folder: Path) -> None:
+    """Refuse a figure folder that cannot be created or written, before anything is written.
+
+    Raises:
+        ValueError: ``folder`` or one of its parents is a file, or the nearest existing folder is not writable.
+    """
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"--img {folder}: {existing} is a file, so the figures cannot go there; give a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"--img {folder}: {existing} is not writable; give a folder you can write to")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     payload = load(args.json)
@@ -318,6 +334,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         new = replace_blocks(text, blocks, str(page))
         if new != text:
             new_texts[page] = new
+    if not args.check and not args.no_figures:
+        check_img_folder(Path(args.img))  # before any page is written
     stale = [str(page) for page in new_texts]
     if args.check:
         print("up to date" if not stale else f"differs from {args.json}: {', '.join(stale)}")

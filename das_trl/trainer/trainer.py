@@ -39,7 +39,8 @@ from das_trl.trainer.config import das_settings, validate_das_settings
 from das_trl.trainer.generation import DASVLLMGeneration
 from das_trl.trainer.history_sync import push_history
 from das_trl.trainer.problem_ids import problem_ids_of
-from das_trl.vllm.client import DASEngineError
+from das_trl.trainer.trl_client import failed_request_status
+from das_trl.vllm.client import DASEngineError, HTTPDASEngine
 from das_trl.vllm.sampling_check import refuse_unsupported_sampling
 
 logger = logging.getLogger(__name__)
@@ -148,8 +149,8 @@ class DASGRPOTrainer(GRPOTrainer):
         sync_before = self.vllm_generation.weight_sync_seconds if self.use_vllm else 0.0
         try:
             result = super()._generate(prompts, *args, **kwargs)
-        except (requests.exceptions.ConnectionError, requests.exceptions.Timeout, DASEngineError) as exc:
-            if not self.use_vllm or getattr(self.vllm_generation, "mode", None) != "server":
+        except Exception as exc:
+            if not self._das_server_lost(exc):
                 raise
             raise DASEngineError(self._das_engine_lost_message(exc)) from exc
         sync = (self.vllm_generation.weight_sync_seconds - sync_before) if self.use_vllm else 0.0
@@ -190,13 +191,30 @@ class DASGRPOTrainer(GRPOTrainer):
             longest_prompt = max(p for p, _ in lengths)
             logger.warning("%s", self.vllm_generation.headroom_advice(short, len(lengths), longest_prompt))
 
+    def _das_server_lost(self, exc: BaseException) -> bool:
+        """Whether ``exc``, raised while generating, means that the vLLM server or its engine went away (server mode):
+        the server cannot be reached or timed out, a DAS call failed, or TRL's client got a 5xx reply
+        (``Exception("Request failed: 500, ...")``, e.g. vLLM's ``EngineDeadError`` when an engine process died) from
+        a server whose ``/health`` no longer answers 200."""
+        if not self.use_vllm or getattr(self.vllm_generation, "mode", None) != "server":
+            return False
+        if isinstance(exc, (requests.exceptions.ConnectionError, requests.exceptions.Timeout, DASEngineError)):
+            return True
+        status = failed_request_status(exc)
+        if status is None or status < 500:
+            return False
+        engine = self.vllm_generation.engine
+        return not (isinstance(engine, HTTPDASEngine) and engine.health())
+
     def _das_engine_lost_message(self, exc: BaseException) -> str:
         step = self.state.global_step + 1
         last = get_last_checkpoint(self.args.output_dir) if os.path.isdir(self.args.output_dir) else None
         where = f"the last checkpoint is {last}" if last else "no checkpoint has been saved yet (set save_steps)"
         return (
-            f"the vLLM engine went away during step {step}: {type(exc).__name__}: {exc}. Training stopped; {where}. "
-            "Restart the server (`das-trl serve --model MODEL ...`) and resume with "
+            f"the vLLM engine went away during step {step}: {type(exc).__name__}: {str(exc)[:300]}. Training stopped; "
+            f"{where}. "
+            "Restart the server (`das-trl serve --model MODEL ...`, or the `trl vllm-serve` command it was started "
+            "with) and resume with "
             "trainer.train(resume_from_checkpoint=True): the drafter history is restored from the checkpoint."
         )
 

@@ -11,11 +11,23 @@ vLLM <= 0.31). :class:`DASVLLMClient` adds the ``"token"`` field to those replie
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from trl.generation.vllm_client import VLLMClient
 
 GENERATE_PATH = "/inference/v1/generate"
+
+#: How TRL 1.16's client words a reply that is not 200 (``VLLMClient._get`` / ``_post`` and others): a bare
+#: ``Exception(f"Request failed: {status_code}, {text}")``.
+_REQUEST_FAILED = re.compile(r"Request failed: (\d{3}),")
+
+
+def failed_request_status(exc: BaseException) -> int | None:
+    """The HTTP status of TRL's client's bare ``Exception("Request failed: <status>, <body>")``; ``None`` for any
+    other exception (subclasses included: only TRL's own bare form is read)."""
+    match = _REQUEST_FAILED.match(str(exc)) if type(exc) is Exception else None
+    return int(match.group(1)) if match else None
 
 
 def normalize_generate_logprobs(reply: Any) -> Any:

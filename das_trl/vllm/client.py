@@ -30,6 +30,11 @@ class DASEngineError(RuntimeError):
     """An engine is unreachable, is not a DAS engine, or rejected a DAS call; the message says what to do."""
 
 
+class NotDASEngineError(DASEngineError):
+    """A server answers but does not run DAS (no dev mode, no DAS worker extension or no DAS drafter); the message
+    names the commands that start one that does."""
+
+
 class PartialEngineError(DASEngineError):
     """A DAS call succeeded on some drafting workers (data-parallel engines) and failed on others: their histories
     now differ. The message names the failed engines; reload the history into every engine to repair them."""
@@ -41,10 +46,33 @@ DATA_PARALLEL_UNCHECKED_MESSAGE = (
     "only (vLLM's /collective_rpc on a data-parallel server), so das-trl cannot check that every engine holds the "
     "trainer's drafter history. Next step: start the server with `das-trl serve --data-parallel-size {value}` (it "
     "loads das-trl's endpoint plugin, POST /das/collective_rpc, which returns every engine's replies), or start vLLM "
-    "with VLLM_SERVER_DEV_MODE=1 and VLLM_PLUGINS listing das_trl_rpc (and your other plugins). One API server must "
+    "with VLLM_SERVER_DEV_MODE=1 and VLLM_PLUGINS listing das_trl_rpc (and your other plugins; `das-trl serve "
+    "--print-trl-command --data-parallel-size {value}` prints the trl vllm-serve line with it). One API server must "
     "reach all engines (vLLM's internal load balancing, the default); with external load balancing, give each "
     "engine's server to its own trainer. See docs/gpu.md, 'Parallel engines'."
 )
+
+
+def normalize_server_url(url: str) -> str:
+    """A server address as the HTTP clients need it: ``http://`` added when no scheme is given
+    (``"localhost:8000"`` -> ``"http://localhost:8000"``), trailing slashes removed.
+
+    Raises:
+        ValueError: an empty address, a scheme other than http/https, or no host.
+    """
+    from urllib.parse import urlparse
+
+    text = url.strip().rstrip("/")
+    if "://" not in text:
+        text = f"http://{text}"
+    parsed = urlparse(text)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ValueError(f"server address {url!r}: expected [http://]HOST:PORT, e.g. http://127.0.0.1:8000")
+    try:
+        parsed.port  # noqa: B018 - raises ValueError for a port that is not a number in 0..65535
+    except ValueError as exc:
+        raise ValueError(f"server address {url!r}: {exc}; expected [http://]HOST:PORT") from None
+    return text
 
 
 class DASEngine:
@@ -302,23 +330,64 @@ class HTTPDASEngine(DASEngine):
         if response.status_code == 404 and missing_ok:
             return _MISSING
         if response.status_code == 404:
-            raise DASEngineError(
-                f"{self.name} has no {path} endpoint: it was not started in dev mode. Start it with `das-trl serve` "
-                f"(or set VLLM_SERVER_DEV_MODE=1 and pass the DAS speculative config and worker extension)."
-            )
+            raise NotDASEngineError(f"{self.name} has no {path} endpoint: it was not started in dev mode. "
+                                    f"{self.working_commands()}")
         if response.status_code != 200:
             text = response.text[:500]
             # vLLM 0.32 words a missing worker method either "'CPUWorker' object has no attribute 'das_attach'" or
             # "Method 'das_attach' is not implemented." (seen in CI), without an exception class name.
             missing = ("has no attribute", "AttributeError", "is not implemented")
             if "das_" in text and any(m in text for m in missing):
-                raise DASEngineError(
-                    f"{self.name} is not a DAS engine: its workers have no DAS methods. Start it with `das-trl "
-                    f"serve` (--worker-extension-cls {__package__}.worker_extension.DASWorkerExtension). "
-                    f"Server said: {text[:200]}"
+                raise NotDASEngineError(
+                    f"{self.name} is not a DAS engine: its workers have no DAS methods (it was started without "
+                    f"das-trl's worker extension and speculative config). {self.working_commands()}. Server said: "
+                    f"{text[:200]}"
                 )
             raise DASEngineError(f"{self.name}: {path} failed with HTTP {response.status_code}: {text}")
         return response.json() if response.content else None
+
+    def served_model(self) -> str | None:
+        """The model the server serves (``GET /v1/models``: the first model's ``root``, else its ``id``), or ``None``
+        when it does not say."""
+        import requests
+
+        try:
+            # A connection of its own: the server may have closed the session's after an error reply.
+            response = requests.get(f"{self.base_url}/v1/models", timeout=10)
+            first = response.json()["data"][0] if response.status_code == 200 else {}
+            return str(first.get("root") or first.get("id")) if isinstance(first, dict) and first else None
+        except (requests.exceptions.RequestException, ValueError, KeyError, IndexError, TypeError):
+            return None
+
+    def working_commands(self) -> str:
+        """The commands that start a DAS server in this one's place (its model, its port): ``das-trl serve`` and the
+        same server through ``trl vllm-serve`` (:func:`das_trl.vllm.serve.working_commands`)."""
+        from urllib.parse import urlparse
+
+        from das_trl.vllm.serve import working_commands
+
+        parsed = urlparse(self.base_url)
+        model = self.served_model()
+        try:
+            port = parsed.port or (443 if parsed.scheme == "https" else 80)
+            if model is not None:
+                return working_commands(model, port, parsed.hostname or "127.0.0.1")
+        except Exception:  # noqa: BLE001 - a message must not fail; the generic form below still helps
+            pass
+        return ("Start it with `das-trl serve --model MODEL --port PORT`, or print TRL's own command for it with "
+                "`das-trl serve --print-trl-command --model MODEL --port PORT`")
+
+    def attach(self, drafter_config: dict[str, Any] | None = None) -> dict[str, Any]:
+        """:meth:`DASEngine.attach`; a server whose workers run no DAS drafter raises :class:`NotDASEngineError`
+        naming the commands that start one that does."""
+        try:
+            return super().attach(drafter_config)
+        except NotDASEngineError:
+            raise
+        except DASEngineError as exc:
+            if "does not run the DAS drafter" not in str(exc):
+                raise
+            raise NotDASEngineError(f"{exc}. {self.working_commands()}") from None
 
     def health(self) -> bool:
         """Whether ``GET /health`` answers 200."""

