@@ -15,7 +15,11 @@ also loads das-trl's endpoint plugin (:mod:`das_trl.vllm.endpoints`, through ``V
 (:func:`~das_trl.vllm.engine.default_max_num_batched_tokens`). Settings that cannot run the drafter
 (``--async-scheduling``, ``--pipeline-parallel-size`` > 1, data-parallel modes in which one server does not reach
 every engine, ``VLLM_USE_V2_MODEL_RUNNER=1``, K out of 1..64) are refused before the server starts
-(:mod:`das_trl.vllm.engine_check`).
+(:mod:`das_trl.vllm.engine_check`), as are a port outside 1..65535, a local ``--model`` path that does not exist and a
+``--gpu-memory-utilization`` outside (0, 1] (:func:`check_serve_args`). A server that stops by itself while serving
+ends ``das-trl serve`` with one line naming the cause and a non-zero exit code (:func:`serve_until_exit`).
+``--print-trl-command`` prints the ``trl vllm-serve`` line that starts the same server (:mod:`das_trl.vllm.trl_serve`)
+and starts nothing.
 """
 
 from __future__ import annotations
