@@ -279,3 +279,76 @@ def test_cpu_knobs_reach_the_replay_json(jsonl, tmp_path):
         assert r["time_cpu_ms"] == pytest.approx(r["time_ms"] + r["cpu_ms"] + 1.5 * r["tail_passes"])
         assert r["cpu_ms"] == pytest.approx(1000.0 * r["drafter_seconds"] / 2.0, rel=0.3)  # + background beyond fwd
     assert drafters.make_drafter("das+siblings").wall_timed is False
+
+
+def _one_long_predictable_row(rng, prompts, epoch, long_text):
+    """Four completions per prompt: row 0 is ``long_text`` in every epoch (its history predicts it exactly: it
+    drafts long and is sure to finish last), the others random tokens of 40-80."""
+    out = []
+    for p, prompt in enumerate(prompts):
+        for s in range(4):
+            tokens = list(long_text) if p == s == 0 else rng.integers(1, 5000, int(rng.integers(40, 80))).tolist()
+            out.append(RolloutRecord.make(epoch, float(epoch), prompt, tokens, "stop"))
+    return out
+
+
+def test_padded_logprobs_cut_a_long_draft_in_a_large_batch_and_patched_keeps_it():
+    """128 requests, one of them 600 tokens that its history predicts exactly, at 5 us per logprob row (a slower GPU
+    or a larger vocabulary than the assumed 1 us): with das-trl's patch (one logprob row per verified position) the
+    sure-last row drafts long while the batch is large; on vLLM's padded path (128 rows x (longest + 1)) the
+    controller cuts that draft while the batch is large, drafts it long once the batch has drained, never keeps a
+    draft whose padding costs more than its expected saving, and beats the controller that ignores the padding under
+    the padded price. The tokens are the same."""
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(1, 5000, 24).tolist() for _ in range(32)]
+    long_text = rng.integers(1, 5000, 600).tolist()
+    train = [_one_long_predictable_row(rng, prompts, e, long_text) for e in range(2)]
+    evals = _one_long_predictable_row(rng, prompts, 2, long_text)
+    c_logprob = 0.005
+    runs = {}
+    for shape in ("patched", "padded"):
+        cc = drafters.controller_config(7.0, 0.025, None, c_logprob, shape)
+        runs[shape] = simulation.simulate(drafters.make_drafter("das+controller", controller_config=cc), train,
+                                          evals, 7.0, 0.025, c_logprob=c_logprob, verification_shape=shape)
+    patched, padded = runs["patched"], runs["padded"]
+
+    def longest(res, rows_ok):
+        return max((d for r, d in zip(res.step_rows, res.step_longest) if rows_ok(r)), default=0)
+
+    assert patched.tokens == padded.tokens == sum(len(r.completion_ids) for r in evals)
+    assert longest(patched, lambda r: r >= 64) >= 16  # the patch: the long draft pays at any batch size
+    assert patched.counters["budget_padding_cut_steps"] == 0
+    assert longest(padded, lambda r: r >= 64) <= 4  # padded: 128 rows x 5 us per position is more than it saves
+    assert longest(padded, lambda r: r <= 4) >= 16  # ... until the batch has drained
+    assert padded.counters["budget_padding_cut_steps"] > 0
+    assert padded.counters["budget_padding_over_saving_steps"] == 0
+    unaware = patched.priced(c_logprob, "padded")  # the same drafts sent to an unpatched vLLM
+    assert unaware.logprob_rows() > padded.logprob_rows()
+    assert padded.time_at(7.0, 0.025) < unaware.time_at(7.0, 0.025)
+
+
+def test_admission_lets_waiting_prompts_in_before_drafts():
+    """With a token budget, requests enter with their prompts' prefill (chunked, the prefix cache for a problem's
+    later prompts), waiting prompts take the budget before drafts, and each request's first token comes in the same
+    step with drafts as without: the drafts never hold a prompt back."""
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(1, 5000, 40).tolist() for _ in range(16)]
+    long_text = rng.integers(1, 5000, 300).tolist()
+    train = [_one_long_predictable_row(rng, prompts, e, long_text) for e in range(2)]
+    evals = _one_long_predictable_row(rng, prompts, 2, long_text)
+    adm = simulation.Admission(token_budget=128, max_num_seqs=64)
+    runs = {}
+    for name in ("none", "das+controller"):
+        cc = drafters.controller_config(7.0, 0.025, None, 0.001)
+        runs[name] = simulation.simulate(drafters.make_drafter(name, controller_config=cc), train, evals, 7.0, 0.025,
+                                         c_logprob=0.001, admission=adm)
+    none, das = runs["none"], runs["das+controller"]
+    assert none.first_token_steps == das.first_token_steps
+    assert max(none.first_token_steps) > 1  # 64 prompts of 40 tokens do not fit one step of 128
+    assert all(t <= 128 for t in none.step_tokens + das.step_tokens)
+    # the first of four siblings computes 40 prompt tokens, the later ones (a prefix-cache hit) 40 - 32
+    assert none.prefill_tokens == das.prefill_tokens < 64 * 40
+    assert das.tokens == none.tokens and das.draft_tokens > 0
+    assert das.time_at(7.0, 0.025) < none.time_at(7.0, 0.025)
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        simulation.Admission(token_budget=16, max_num_seqs=32)

@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _recipe():
-    spec = importlib.util.spec_from_file_location("verification_cost", ROOT / "recipes" / "gpu" / "verification_cost.py")
+    spec = importlib.util.spec_from_file_location("verification_cost",
+                                                  ROOT / "recipes" / "gpu" / "verification_cost.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -1,5 +1,6 @@
 """Parsing and checking of the bench commands' structured options (JSON config overrides, ``--ngram``, epoch lists)
-and the proposer-CPU options ``bench replay`` and ``bench suite`` share (:func:`add_cpu_args`).
+and the proposer-CPU and engine options ``bench replay`` and ``bench suite`` share (:func:`add_cpu_args`,
+:func:`add_engine_args`).
 
 Errors are ``ValueError`` (the ``das-trl bench`` command prints them as one line with exit code 2) or, for the
 ``type=`` functions, ``argparse.ArgumentTypeError`` (argparse's own usage error, exit code 2 as well).
@@ -112,4 +113,84 @@ def _threads(text: str) -> int:
     value = int(text)
     if not 1 <= value <= 64:
         raise argparse.ArgumentTypeError(f"must be an int in [1, 64], got {text}")
+    return value
+
+
+def add_engine_args(p: argparse.ArgumentParser, shapes: bool = False) -> None:
+    """The engine's verification logprob price and admission (shared by ``bench replay`` and ``bench suite``;
+    ``shapes``: the suite's ``--shapes`` list instead of one ``--verification-shape``)."""
+    from das_trl.budget.cost_model import ASSUMED_C_LOGPROB_MS, VERIFICATION_SHAPES
+
+    g = p.add_argument_group("the engine (verification logprobs, admission)")
+    g.add_argument("--c-logprob", type=_non_negative, default=ASSUMED_C_LOGPROB_MS,
+                   help="cost model: ms per row of vLLM's verification logprob path (default %(default)s: an "
+                        "estimate at a 151,936-entry vocabulary on an H100/H200-class GPU, docs/budget.md; 0: free)")
+    if shapes:
+        g.add_argument("--shapes", type=_shapes, default=list(VERIFICATION_SHAPES),
+                       help="verification shapes, comma-separated: the first prices the main tables, the others add "
+                            "none, suffix and the default priced (the default re-run) under them (default "
+                            "%(default)s)")
+    else:
+        g.add_argument("--verification-shape", choices=VERIFICATION_SHAPES, default=VERIFICATION_SHAPES[0],
+                       help="the engine's logprob path: 'patched' (das-trl's patch: one row per verified position) or "
+                            "'padded' (vLLM's own: rows x (longest draft + 1)); the default drafter plans for it")
+    g.add_argument("--admission", type=_admission, default=None,
+                   help="requests enter under this token budget per step with their prompts' prefill (chunked, "
+                        "waiting requests before drafts, as das-trl's scheduler): a number, or 'trainer' for the "
+                        "budget a colocated GPU engine gets (rows x (K + 1) within 8192..16384); default: off (all "
+                        "requests decode from step 0, prompts free)")
+    g.add_argument("--max-num-seqs", type=_positive_int, default=None,
+                   help="with --admission: most requests in the engine at once (default: the whole batch)")
+    g.add_argument("--no-prefix-cache", action="store_true",
+                   help="with --admission: every prompt is computed in full (default: a problem's later prompts hit "
+                        "vLLM's prefix cache)")
+
+
+def admission_for(args: argparse.Namespace, num_requests: int):
+    """The :class:`~das_trl.bench.simulation.Admission` the parsed ``--admission`` options ask for, for a batch of
+    ``num_requests`` (``None``: off).
+
+    Raises:
+        ValueError: ``--max-num-seqs`` above the token budget.
+    """
+    from das_trl.bench.simulation import Admission
+
+    if args.admission is None:
+        return None
+    prefix = not args.no_prefix_cache
+    if args.admission == "trainer":
+        adm = Admission.trainer_default(num_requests, prefix_cache=prefix)
+    else:
+        adm = Admission(args.admission, min(num_requests, args.admission), prefix_cache=prefix)
+    if args.max_num_seqs is not None:
+        adm = Admission(adm.token_budget, args.max_num_seqs, prefix)
+    return adm
+
+
+def _shapes(text: str) -> list[str]:
+    from das_trl.budget.cost_model import VERIFICATION_SHAPES
+
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    if not values or any(v not in VERIFICATION_SHAPES for v in values) or len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"comma-separated, each once, from {','.join(VERIFICATION_SHAPES)}; got "
+                                         f"{text!r}")
+    return values
+
+
+def _admission(text: str) -> int | str:
+    if text.strip() == "trainer":
+        return "trainer"
+    try:
+        return _positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"a token budget (an int >= 1) or 'trainer', got {text!r}") from None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {text!r}")
     return value

@@ -24,3 +24,5 @@ class Point:
     tokens: int
     results: dict[float, list[ReplayResult]] = field(default_factory=dict)  # c_tok -> results in drafter order
     bounds: Bounds | None = None  # oracle-trim (from das+siblings) and oracle-text
+    # another engine (another verification shape, admission) -> c_tok -> none (suffix) and the default under it
+    variants: dict[str, dict[float, list[ReplayResult]]] = field(default_factory=dict)

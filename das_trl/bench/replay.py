@@ -10,7 +10,10 @@ start together and run as a continuous batch. Each engine step, every running re
 controller), the draft is accepted up to its first mismatch with the recorded completion, and the request emits
 accepted + 1 tokens (never past its recorded end). Running siblings see each other's outputs as of the previous step
 (the drafter's sibling visibility; arctic's active responses). A step costs ``t_fwd = c_base + c_tok *
-tokens_in_pass`` (ms; tokens = running requests + their draft tokens); the batch drains as requests finish. Warm-up
+tokens_in_pass + c_logprob * logprob rows`` (ms; tokens = running requests + their draft tokens; logprob rows: the
+verified positions, or rows x (longest draft + 1) with ``--verification-shape padded``); the batch drains as requests
+finish. ``--admission``: requests enter under the engine's token budget with their prompts' prefill
+(:class:`~das_trl.bench.simulation.Admission`). Warm-up
 (default; ``--no-warmup`` turns it off): each drafter first serves the last history epoch the same way, which then
 becomes history, as in a live run; only the replayed epoch is measured.
 
@@ -32,12 +35,14 @@ CLI::
 
     python -m das_trl.bench.replay --rollouts FILE [--train-epochs 0,1,2] [--eval-epoch 3]
         [--drafters none,ngram,suffix,das+policy] [--json OUT] [--plots DIR]
-        [--host-speed 1] [--draft-threads N] [--async-off-ms 0]
+        [--host-speed 1] [--draft-threads N] [--async-off-ms 0] [--c-logprob MS] [--verification-shape padded]
+        [--admission trainer|TOKENS] [--max-num-seqs N] [--no-prefix-cache]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 from typing import Sequence
 
@@ -47,7 +52,7 @@ from das_trl.drafter import DrafterConfig
 
 from das_trl.bench.drafters import ALL_DRAFTERS, DEFAULT_DRAFTERS, controller_config, make_drafter
 from das_trl.bench.drafters.suffix import SUFFIX_DEFAULTS
-from das_trl.bench.options import add_cpu_args, epoch_list, json_overrides, ngram_spec
+from das_trl.bench.options import add_cpu_args, add_engine_args, admission_for, epoch_list, json_overrides, ngram_spec
 from das_trl.bench.report import format_table, format_tiers, write_plots, write_replay_json
 from das_trl.bench.sets import load_epochs, split_epochs
 from das_trl.bench.simulation import Bounds, simulate
@@ -82,6 +87,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--json", default=None, help="write results to this JSON file")
     p.add_argument("--plots", default=None, help="write PNG plots into this directory")
     add_cpu_args(p)
+    add_engine_args(p)
     return p.parse_args(argv)
 
 
@@ -107,23 +113,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         DrafterConfig(**das_ov)  # its values too, before any drafter runs
     if args.json and Path(args.json).is_dir():
         raise ValueError(f"--json {args.json} is a directory; give a file path")
-    cc = controller_config(args.c_base, args.c_tok, json_overrides(args.controller, "--controller", ControllerConfig))
+    shape = args.verification_shape
+    cc = controller_config(args.c_base, args.c_tok, json_overrides(args.controller, "--controller", ControllerConfig),
+                           args.c_logprob, shape)
     epochs = load_epochs(args.rollouts, args.group_by)
     train, evals, tr, ev = split_epochs(epochs, args.train_epochs, args.eval_epoch)
     print(f"{args.rollouts}: history epochs {tr} ({sum(len(x) for x in train)} rollouts), replaying epoch {ev} "
           f"({len(evals)} rollouts, {len({r.problem_key for r in evals})} problems, "
-          f"{sum(len(r.completion_ids) for r in evals)} tokens); cost model {args.c_base} ms + {args.c_tok} ms/token")
+          f"{sum(len(r.completion_ids) for r in evals)} tokens); cost model {args.c_base} ms + {args.c_tok} ms/token "
+          f"+ {args.c_logprob} ms per logprob row ({shape})")
+    admission = admission_for(args, len(evals))
+    price = dict(c_logprob=args.c_logprob, verification_shape=shape)
     results = []
     for name in names:
         res = simulate(make_drafter(name, ngram, pc, das_ov, cc, args.draft_threads), train, evals, args.c_base,
-                       args.c_tok, warmup=not args.no_warmup)
+                       args.c_tok, warmup=not args.no_warmup, admission=admission, **price)
         results.append(res)
-    # oracle-trim cuts das+siblings' drafts: replayed for the bound when it is not among the drafters.
-    sib = next((r for r in results if r.name == "das+siblings"), None)
-    if sib is None:
-        sib = simulate(make_drafter("das+siblings", ngram, pc, das_ov, cc, args.draft_threads), train, evals,
-                       args.c_base, args.c_tok, warmup=not args.no_warmup)
-    bounds = Bounds.of(sib, [len(r.completion_ids) for r in evals])
+    # oracle-trim cuts das+siblings' drafts: replayed for the bound when it is not among the drafters. The bounds
+    # have no prefill: none with --admission.
+    bounds = None
+    if admission is None:
+        sib = next((r for r in results if r.name == "das+siblings"), None)
+        if sib is None:
+            sib = simulate(make_drafter("das+siblings", ngram, pc, das_ov, cc, args.draft_threads), train, evals,
+                           args.c_base, args.c_tok, warmup=not args.no_warmup, **price)
+        bounds = Bounds.of(sib, [len(r.completion_ids) for r in evals])
     print(format_table(results, args.c_base, args.c_tok, args.host_speed, args.async_off_ms, bounds))
     print(format_tiers(results))
     if args.json:
@@ -131,7 +145,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                       "c_base_ms": args.c_base, "c_tok_ms": args.c_tok, "ngram": list(ngram),
                                       "warmup": not args.no_warmup and len(train) >= 2, "policy": pc.to_dict(),
                                       "das_config_overrides": das_ov, "controller": cc.to_dict(),
-                                      "suffix": SUFFIX_DEFAULTS, "draft_threads": args.draft_threads or 1},
+                                      "suffix": SUFFIX_DEFAULTS, "draft_threads": args.draft_threads or 1,
+                                      "c_logprob_ms": args.c_logprob, "verification_shape": shape,
+                                      "admission": None if admission is None else dataclasses.asdict(admission)},
                           results, args.c_base, args.c_tok, args.host_speed, args.async_off_ms, bounds)
         print(f"wrote {args.json}")
     if args.plots:

@@ -403,7 +403,8 @@ def write_suite_json(path: str | Path, settings: dict, points: Sequence[Point], 
     """Write a suite's ``settings``, its summary rows (:func:`summary_rows`) and, per replay point and cost model,
     the ratios (bounds included), every result's summary with its times with and without the CPU, the running
     requests over the time with the CPU per drafter and for ``oracle-text`` (``traces``: :func:`running_trace`),
-    the bounds' counts, and where and with which code it ran (:func:`_provenance`), as JSON (gzipped when ``path``
+    the ratios and summaries of its variants (``variants``: another verification shape, admission), the bounds'
+    counts, and where and with which code it ran (:func:`_provenance`), as JSON (gzipped when ``path``
     ends in ``.gz``)."""
     def traces(p: Point, c: float) -> dict:
         out = {r.name: running_trace(r, c_base, c, host_speed, async_off_ms) for r in p.results[c]}
@@ -419,7 +420,12 @@ def write_suite_json(path: str | Path, settings: dict, points: Sequence[Point], 
                                       "results": [r.summary(c_base, c, host_speed, async_off_ms)
                                                   for r in p.results[c]],
                                       "traces": traces(p, c)}
-                             for c in c_toks}}
+                             for c in c_toks},
+                "variants": {name: {str(c): {"ratios": ratios(by_c[c], c_base, c, host_speed, async_off_ms),
+                                             "results": [r.summary(c_base, c, host_speed, async_off_ms)
+                                                         for r in by_c[c]]}
+                                    for c in c_toks if c in by_c}
+                             for name, by_c in p.variants.items()}}
 
     payload = dict(settings, host_speed=host_speed, async_off_ms=async_off_ms, **_provenance(),
                    summary=summary_rows(points, c_base, c_toks, host_speed, async_off_ms),

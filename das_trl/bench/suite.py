@@ -20,6 +20,13 @@ among the drafters) and ``oracle-text`` (the true continuation at the drafter's 
 and cost model, the trainer default's time with the CPU vs ``none`` and vs the better of ``none`` and ``suffix``,
 its gap to ``oracle-trim`` and its tokens per round.
 
+Verification logprobs (``--c-logprob`` ms per row, an estimate until a GPU measures it) are priced under the first of
+``--shapes`` (``patched``: das-trl's logprob patch, one row per verified position) in the tables; each further shape
+(``padded``: vLLM's own ``rows x (longest draft + 1)``) adds ``none``, ``suffix`` and the default priced under it (the
+default re-run, since it plans for the shape), so a reader sees what a user of an unpatched vLLM gets.
+``--admission`` adds ``none`` and the default replayed with their prompts' prefill under the engine's token budget
+(:class:`~das_trl.bench.simulation.Admission`): what a burst of prompts costs with and without drafts.
+
 Cost-model times are model figures, not measured wall times; the CPU times are measured on this machine. Outputs:
 the tables on stdout, ``--json`` (the summary, every ratio and result), and ``--plots DIR`` (one PNG per replay
 point and cost model: running requests over cost-model time, and the ratios per drafter and bound).
@@ -28,7 +35,8 @@ CLI::
 
     das-trl bench suite --sets benchmarks/sets ../shared/realdata [--c-tok 0.005 0.025 0.1] [--c-base 7]
         [--drafters none,ngram,suffix,das+siblings,das+policy,das+controller] [--json OUT] [--plots DIR]
-        [--cache DIR] [--host-speed 1] [--draft-threads N] [--async-off-ms 0]
+        [--cache DIR] [--host-speed 1] [--draft-threads N] [--async-off-ms 0] [--c-logprob MS]
+        [--shapes patched,padded] [--admission trainer|TOKENS]
 """
 
 from __future__ import annotations
@@ -39,15 +47,15 @@ import json
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from das_trl.bench.drafters import ALL_DRAFTERS, COST_AWARE, controller_config, make_drafter
-from das_trl.bench.options import add_cpu_args, json_overrides
+from das_trl.bench.options import add_cpu_args, add_engine_args, admission_for, json_overrides
 from das_trl.bench.point import Point
 from das_trl.bench.reliability import format_reliability, write_reliability_plot
-from das_trl.bench.report import DEFAULT, format_point, format_summary, write_plot, write_suite_json
+from das_trl.bench.report import DEFAULT, format_point, format_summary, format_table, write_plot, write_suite_json
 from das_trl.bench.sets import find_sets, load_epochs, set_name, split_epochs
-from das_trl.bench.simulation import Bounds, ReplayResult, simulate
+from das_trl.bench.simulation import Admission, Bounds, ReplayResult, simulate
 from das_trl.budget import ControllerConfig
 from das_trl.budget.tiers import LengthPolicyConfig
 from das_trl.drafter import DrafterConfig
@@ -60,46 +68,60 @@ BOUND_DRAFTER = "das+siblings"
 SHORT_DRAFTS = {"max_spec_tokens": 16, "max_spec_factor": 1.0, "min_token_prob": 0.05, "max_tree_depth": 32}
 
 
-#: Bumped when a cached result's fields or meaning change (v2: per-step proposer CPU, background ingest).
-CACHE_VERSION = 2
+#: Bumped when a cached result's fields or meaning change (v2: per-step proposer CPU, background ingest; v3: per-step
+#: rows, drafts and longest draft, the logprob price, admission).
+CACHE_VERSION = 3
 
 
 def _cache_file(cache: Path, path: Path, eval_epoch: int, drafter: str, das_overrides: dict, warmup: bool,
-                draft_threads: int | None = None) -> Path:
+                draft_threads: int | None = None, admission: Admission | None = None) -> Path:
     """Where a cost-independent drafter's result for this file (by path, size and modification time), appearance and
     settings is kept."""
     st = path.stat()
     key = json.dumps([CACHE_VERSION, str(path.resolve()), st.st_size, st.st_mtime_ns, eval_epoch, drafter,
-                      das_overrides, warmup, draft_threads], sort_keys=True)
+                      das_overrides, warmup, draft_threads, None if admission is None else asdict(admission)],
+                     sort_keys=True)
     return cache / f"{set_name(path)}-{eval_epoch}-{drafter}-{hashlib.sha1(key.encode()).hexdigest()[:12]}.json"
 
 
 def run_point(path: Path, epochs: dict, eval_epoch: int, drafters: Sequence[str], c_base: float,
               c_toks: Sequence[float], das_overrides: dict, controller_overrides: dict, warmup: bool = True,
-              cache: Path | None = None, draft_threads: int | None = None) -> Point:
+              cache: Path | None = None, draft_threads: int | None = None, c_logprob: float = 0.0,
+              shapes: Sequence[str] = ("patched",), admission: Callable[[int], Admission | None] | None = None
+              ) -> Point:
     """Replay one appearance of one file with every drafter under every cost model, and its bounds (``oracle-trim``
     needs ``das+siblings``: replayed for it when not among ``drafters``). With ``cache``, results of
     cost-independent drafters are read from / written to that folder (they depend only on the data, the drafter
-    and its settings; the CPU times they carry are from the run that wrote them)."""
+    and its settings; the CPU times they carry are from the run that wrote them).
+
+    Verification logprobs cost ``c_logprob`` per row under ``shapes[0]`` in the main results; every further shape
+    adds a variant (:attr:`Point.variants`) with ``none`` and ``suffix`` re-priced and :data:`DEFAULT` re-run
+    under it. ``admission`` (the batch's request count -> an :class:`Admission`, or ``None``): a variant
+    ``"admission"`` with ``none`` and the default replayed with their prompts' prefill under ``shapes[0]``."""
     train, evals, tr, ev = split_epochs(epochs, None, eval_epoch)
     point = Point(set_name(path) + ("" if eval_epoch == max(epochs) else f"@{eval_epoch}"), str(path), ev, tr,
                   len(evals), len({r.problem_key for r in evals}), sum(len(r.completion_ids) for r in evals))
     fixed: dict[str, ReplayResult] = {}
+    main_shape = shapes[0]
+    adm = None if admission is None else admission(len(evals))
 
-    def replay(name: str, c_tok: float, overrides: dict | None = None) -> ReplayResult:
+    def replay(name: str, c_tok: float, overrides: dict | None = None, shape: str = main_shape,
+               entry: Admission | None = None) -> ReplayResult:
         ov = das_overrides if overrides is None else overrides
-        key = name if overrides is None else f"{name}{json.dumps(overrides, sort_keys=True)}"
+        key = (name if overrides is None else f"{name}{json.dumps(overrides, sort_keys=True)}") + \
+            ("" if entry is None else "+admission")
         cached = None if cache is None or name in COST_AWARE else _cache_file(cache, path, ev, name, ov, warmup,
-                                                                             draft_threads)
+                                                                             draft_threads, entry)
         if name not in COST_AWARE and key not in fixed and cached is not None and cached.exists():
             fixed[key] = ReplayResult(**json.loads(cached.read_text()))
-        if key in fixed:
-            return fixed[key]
+        if key in fixed:  # the drafts do not depend on the price: re-priced
+            return fixed[key].priced(c_logprob, shape)
         pc = LengthPolicyConfig(c_base_ms=c_base, c_tok_ms=c_tok)
-        res = simulate(make_drafter(name, policy_config=pc, das_overrides=ov,
-                                    controller_config=controller_config(c_base, c_tok, controller_overrides),
+        cc = controller_config(c_base, c_tok, controller_overrides, c_logprob, shape)
+        res = simulate(make_drafter(name, policy_config=pc, das_overrides=ov, controller_config=cc,
                                     draft_threads=draft_threads),
-                       train, evals, c_base, c_tok, warmup=warmup)
+                       train, evals, c_base, c_tok, warmup=warmup, c_logprob=c_logprob, verification_shape=shape,
+                       admission=entry)
         if name not in COST_AWARE:
             fixed[key] = res
             if cached is not None:
@@ -109,6 +131,12 @@ def run_point(path: Path, epochs: dict, eval_epoch: int, drafters: Sequence[str]
 
     for c_tok in c_toks:
         point.results[c_tok] = [replay(name, c_tok) for name in drafters]
+        for shape in shapes[1:]:
+            point.variants.setdefault(shape, {})[c_tok] = [
+                replay(name, c_tok, shape=shape) for name in drafters if name in ("none", "suffix", DEFAULT)]
+        if adm is not None:
+            point.variants.setdefault("admission", {})[c_tok] = [
+                replay(name, c_tok, entry=adm) for name in drafters if name in ("none", DEFAULT)]
     # The bounds: oracle-trim of the drafter's own drafts at its cap, oracle-text at that cap, and oracle-trim of the
     # short drafts (SHORT_DRAFTS over the same overrides) unless the drafts are that short already.
     k = DrafterConfig(**{k: v for k, v in das_overrides.items() if k != "draft_threads"}).max_spec_tokens
@@ -146,6 +174,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--controller", default=None, help="JSON of ControllerConfig overrides for das+controller")
     p.add_argument("--no-warmup", action="store_true", help="see das-trl bench replay --no-warmup")
     add_cpu_args(p)
+    add_engine_args(p, shapes=True)
     p.add_argument("--cache", default=None, help="folder for results of the cost-independent drafters (reused when "
                                                  "the same file, appearance and settings are replayed again)")
     p.add_argument("--json", default=None, help="write every result to this JSON file")
@@ -173,11 +202,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         for ev in evals:
             t0 = time.perf_counter()
             point = run_point(path, epochs, ev, drafters, args.c_base, args.c_tok, das_ov, ctl_ov,
-                              not args.no_warmup, Path(args.cache) if args.cache else None, args.draft_threads)
+                              not args.no_warmup, Path(args.cache) if args.cache else None, args.draft_threads,
+                              args.c_logprob, args.shapes,
+                              None if args.admission is None else (lambda n: admission_for(args, n)))
             points.append(point)
             for c_tok in args.c_tok:
                 print(format_point(point, args.c_base, c_tok, args.host_speed, args.async_off_ms))
                 print()
+                for name, by_c in point.variants.items():
+                    print(f"{point.name} under {name}:")
+                    print(format_table(by_c[c_tok], args.c_base, c_tok, args.host_speed, args.async_off_ms))
+                    print()
             print(f"({point.name}: {time.perf_counter() - t0:.0f} s)\n", flush=True)
     print(format_summary(points, args.c_base, args.c_tok, args.host_speed, args.async_off_ms))
     rel = reliability_rows(points, args.c_tok)
@@ -187,7 +222,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         write_suite_json(args.json, {"c_base_ms": args.c_base, "c_tok_ms": args.c_tok, "drafters": drafters,
                                      "das_config_overrides": das_ov, "controller_overrides": ctl_ov,
-                                     "draft_threads": args.draft_threads or 1},
+                                     "draft_threads": args.draft_threads or 1, "c_logprob_ms": args.c_logprob,
+                                     "verification_shapes": args.shapes,
+                                     "admission": None if args.admission is None else
+                                     {"token_budget": args.admission, "max_num_seqs": args.max_num_seqs,
+                                      "prefix_cache": not args.no_prefix_cache}},
                          points, args.c_base, args.c_tok, args.host_speed, args.async_off_ms)
         print(f"wrote {args.json}")
     if args.plots:

@@ -81,7 +81,8 @@ class BudgetController:
         self.last_expected_makespan = 0.0
         self._counters = {"steps": 0, "rows": 0, "rows_drafting": 0, "offered_tokens": 0, "kept_tokens": 0,
                           "expected_accepted": 0.0, "tail_rows": 0, "capped_steps": 0, "rows_speculated": 0,
-                          "silent_steps": 0, "replans": 0, "quiet_steps": 0, "padding_cut_steps": 0}
+                          "silent_steps": 0, "replans": 0, "quiet_steps": 0, "padding_cut_steps": 0,
+                          "padding_ms": 0.0, "padding_over_saving_steps": 0}
         self._last_silent = False  # the last plan drafted no row
         # plan(): tail probabilities kept per request slot between recomputations (grown by doubling).
         self._slot_p = np.zeros(0, np.float64)
@@ -532,14 +533,13 @@ class BudgetController:
                 plan.weight_ms, params, capped, self._scratch_f64[0, :m], kept)
             if kept_tokens and cost.padded and cost.c_logprob_ms > 0:
                 survival_k = self._survival(plan, idx, k)
-                shorter = cap_longest_draft(np.minimum(accept * survival_k * ratio, 1.0), capped,
-                                            self._scratch_f64[0, :m], cost.token_ms, cost.c_logprob_ms, len(plan.draft))
+                shorter = self._cut_padding(np.minimum(accept * survival_k * ratio, 1.0), capped,
+                                            self._scratch_f64[0, :m], cost, len(plan.draft))
                 if shorter is not capped:
                     capped = shorter
                     kept = np.where(np.arange(k)[None, :] < capped[:, None], accept * survival_k, 0.0).sum(axis=1)
                     kept_tokens, drafting = int(capped.sum()), int(np.count_nonzero(capped))
                     expected = float(kept.sum())
-                    c["padding_cut_steps"] += 1
             c["rows_drafting"] += drafting
             c["offered_tokens"] += offered
             c["kept_tokens"] += kept_tokens
@@ -555,10 +555,8 @@ class BudgetController:
         lengths, value = optimal_draft_lengths(useful, weight, cost.token_ms, cfg.draft_margin)
         capped = apply_step_cap(useful, lengths, value, cost.token_ms, cfg.step_token_cap)
         c["capped_steps"] += int(int(np.add.reduce(capped)) < int(np.add.reduce(lengths)))
-        if cost.padded and cost.c_logprob_ms > 0:
-            shorter = cap_longest_draft(useful, capped, value, cost.token_ms, cost.c_logprob_ms, len(plan.draft))
-            c["padding_cut_steps"] += int(shorter is not capped)
-            capped = shorter
+        if cost.padded and cost.c_logprob_ms > 0 and capped.any():
+            capped = self._cut_padding(useful, capped, value, cost, len(plan.draft))
         kept = np.where(np.arange(k)[None, :] < capped[:, None], accept * survival_k, 0.0).sum(axis=1)
         kept_tokens = int(np.add.reduce(capped))
         c["rows_drafting"] += int(np.count_nonzero(capped))  # kept lengths are >= 0
@@ -567,6 +565,24 @@ class BudgetController:
         c["expected_accepted"] += float(np.add.reduce(kept))
         self.last_expected_kept = kept
         return capped
+
+    def _cut_padding(self, useful: np.ndarray, capped: np.ndarray, value: np.ndarray, cost: CostModel,
+                     num_rows: int) -> np.ndarray:
+        """The cut's kept lengths cut to the longest draft that pays for vLLM's padded logprob path
+        (:func:`cap_longest_draft`; ``capped`` itself when nothing is cut), and the padding's price against the kept
+        drafts' expected saving counted (``padding_ms``, ``padding_over_saving_steps``: the saving is the kept
+        positions' ``useful x value - token_ms``, the padding ``c_logprob x (rows x longest - kept tokens)``)."""
+        shorter = cap_longest_draft(useful, capped, value, cost.token_ms, cost.c_logprob_ms, num_rows)
+        c = self._counters
+        c["padding_cut_steps"] += int(shorter is not capped)
+        longest = int(shorter.max(initial=0))
+        if longest:
+            padding = cost.c_logprob_ms * (num_rows * longest - int(shorter.sum()))
+            kept = np.arange(useful.shape[1])[None, :] < shorter[:, None]
+            saving = float(np.where(kept, useful * value[:, None] - cost.token_ms, 0.0).sum())
+            c["padding_ms"] += padding
+            c["padding_over_saving_steps"] += int(padding > saving + 1e-12)
+        return shorter
 
     def _padding_budget(self, draft: np.ndarray, budget: np.ndarray, weight: np.ndarray, q: np.ndarray | None,
                         cost: CostModel, ratio: float) -> tuple[np.ndarray, np.ndarray, int]:
@@ -745,7 +761,8 @@ class BudgetController:
 
     #: Keys of :meth:`stats` that are cumulative counters (per-step differences are meaningful); the rest are gauges.
     COUNTERS = ("steps", "rows", "rows_drafting", "offered_tokens", "kept_tokens", "expected_accepted", "tail_rows",
-                "capped_steps", "rows_speculated", "silent_steps", "replans", "quiet_steps", "padding_cut_steps")
+                "capped_steps", "rows_speculated", "silent_steps", "replans", "quiet_steps", "padding_cut_steps",
+                "padding_ms", "padding_over_saving_steps")
 
     def stats(self) -> dict:
         """Flat, JSON-serializable diagnostics (callers prefix them, e.g. ``budget_``).
@@ -756,7 +773,9 @@ class BudgetController:
         tail probability >= 0.5), ``capped_steps`` (steps cut by ``step_token_cap``), ``rows_speculated`` (rows the
         plan drafted), ``silent_steps`` (steps it drafted none), ``replans`` (tail probabilities recomputed),
         ``quiet_steps`` (silent steps that skipped the plan: :meth:`quiet_step`), ``padding_cut_steps`` (steps whose
-        longest draft the cut shortened because vLLM's padded logprob path would cost more than it saves). Gauges:
+        longest draft the cut shortened because vLLM's padded logprob path would cost more than it saves),
+        ``padding_ms`` (the padding the kept drafts cost, padded shape) and ``padding_over_saving_steps`` (steps whose
+        padding cost more than the kept drafts' expected saving: 0 unless the rule is broken). Gauges:
         ``replan_interval`` (engine steps between tail recomputations now: ``replan_steps``, or longer while
         consecutive recomputations drafted nothing, see ``quiet_replan_max_steps``), ``c_base_ms`` / ``c_tok_ms`` /
         ``c_logprob_ms`` (the cost model in use), ``cost_online`` (1 when it is the online fit), ``fit_steps``,

@@ -325,7 +325,7 @@ def test_plan_gives_drafted_rows_their_caps_and_others_none():
 def _one_long_row_step(n, shape, backend):
     """A batch of ``n`` rows where row 0 (2,000-token problem) is sure to finish last and drafts at 95 % per token,
     the others (120-token problem, 20 tokens left) at 50 %: the plan, then the cut of drafts as long as the plan's
-    budgets. Returns (row 0's planned budget, its kept draft, padding_cut_steps)."""
+    budgets. Returns (row 0's planned budget, its kept draft, the controller's stats)."""
     ctl = BudgetController(ControllerConfig(cost_source="config", verification_shape=shape, backend=backend,
                                             pooled_weight=0.0))
     ctl.observe(0, [2000] * 8)
@@ -341,7 +341,7 @@ def _one_long_row_step(n, shape, backend):
         acc[i, :plan.budget[r]] = q[r] ** np.arange(1, plan.budget[r] + 1)
     kept = ctl.cut(plan, acc, rows)
     kept0 = int(kept[0]) if len(rows) and rows[0] == 0 else 0
-    return int(plan.budget[0]), kept0, ctl.stats()["padding_cut_steps"]
+    return int(plan.budget[0]), kept0, ctl.stats()
 
 
 @pytest.mark.parametrize("backend", ["python", pytest.param("native", marks=pytest.mark.skipif(
@@ -353,7 +353,9 @@ def test_padded_logprobs_cut_the_long_draft_of_a_large_batch_and_patched_keeps_i
     patched = {n: _one_long_row_step(n, "patched", backend) for n in (8, 64, 512)}
     padded = {n: _one_long_row_step(n, "padded", backend) for n in (8, 64, 512)}
     for n in (8, 64, 512):
-        assert patched[n][1] >= 32 and patched[n][2] == 0  # a long draft for the last row whatever the batch
+        assert patched[n][1] >= 32 and patched[n][2]["padding_cut_steps"] == 0  # long whatever the batch
+        assert padded[n][2]["padding_over_saving_steps"] == 0  # what is kept pays for its padding
     assert padded[8][1] >= 32  # 7 padding rows per position: the long draft still pays
     assert padded[512][1] < padded[64][1] < patched[64][1]  # the longer the padding, the shorter the draft
-    assert padded[512][1] == 0 and padded[64][2] == padded[512][2] == 1
+    assert padded[512][1] == 0 and padded[64][2]["padding_cut_steps"] == padded[512][2]["padding_cut_steps"] == 1
+    assert padded[64][2]["padding_ms"] > 0 == padded[512][2]["padding_ms"]

@@ -71,7 +71,12 @@ def make_drafter(name: str, ngram=(5, 5, 8), policy_config: LengthPolicyConfig |
     raise ValueError(f"unknown drafter {name!r}; choose from {', '.join(ALL_DRAFTERS)}")
 
 
-def controller_config(c_base: float, c_tok: float, overrides: dict | None = None) -> ControllerConfig:
+def controller_config(c_base: float, c_tok: float, overrides: dict | None = None, c_logprob: float | None = None,
+                      verification_shape: str = "patched") -> ControllerConfig:
     """The ``das+controller`` settings of a replay: the replay's own cost model (``cost_source="config"``; a replay
-    has no step timings to fit) plus ``overrides`` (ControllerConfig fields)."""
-    return ControllerConfig(**{**(overrides or {}), "cost_source": "config", "c_base_ms": c_base, "c_tok_ms": c_tok})
+    has no step timings to fit), its logprob price and shape as the proposer gives them (``c_logprob`` ``None``: the
+    controller's default), then ``overrides`` (ControllerConfig fields; they may set what the controller believes
+    ``c_logprob_ms`` / ``verification_shape`` to be)."""
+    engine = {"c_logprob_ms": c_logprob, "verification_shape": verification_shape}
+    return ControllerConfig(**{**engine, **(overrides or {}), "cost_source": "config", "c_base_ms": c_base,
+                               "c_tok_ms": c_tok})

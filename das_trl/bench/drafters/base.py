@@ -2,7 +2,8 @@
 
 The simulation (:mod:`das_trl.bench.simulation`) drives a drafter the way an engine's proposer is driven: history
 before the batch (:meth:`Drafter.prepare`), the batch's arrays (:meth:`Drafter.begin`), each request's start, one
-:meth:`Drafter.draft_step` per engine step for all running requests, the verification outcome per request
+:meth:`Drafter.draft_step` per engine step for all running requests, what the scheduler cut of a draft
+(:meth:`Drafter.scheduled`, replays with admission), the verification outcome per request
 (:meth:`Drafter.feedback`), the tokens each request gained (:meth:`Drafter.extend`), its stop, the proposer's call
 after the last forward pass (:meth:`Drafter.drain`), and the served batch becoming history (:meth:`Drafter.end_step`).
 
@@ -68,6 +69,10 @@ class Drafter:
         """A batch is about to start (every request before the first step): build what an engine holds in place
         (not timed)."""
 
+    def engine_limits(self, token_budget: int | None) -> None:
+        """The engine's token budget per step (``None``: none), before a replay with admission: a drafter that
+        plans within it (the proposer reads vLLM's ``max_num_scheduled_tokens``) takes it here."""
+
     def start(self, rid: str, rec: RolloutRecord) -> None:
         pass
 
@@ -94,6 +99,11 @@ class Drafter:
             budgets = self.budgets([(rid, rec, pos) for rid, rec, pos, _ in running])
             return [self.propose(rid, ctx, int(b)) if b > 0 else []
                     for (rid, _, _, _), ctx, b in zip(running, contexts, budgets)]
+
+    def scheduled(self, rid: str, num_draft_tokens: int) -> None:
+        """The engine's scheduler verifies only the first ``num_draft_tokens`` of ``rid``'s draft this step (the token
+        budget went to waiting and prefilling requests first); the proposer learns it at its next call (vLLM's
+        ``num_decode_draft_tokens``)."""
 
     def feedback(self, rid: str, drafted: int, accepted: int) -> None:
         """Verification outcome of ``rid``'s draft this round: ``accepted`` of ``drafted`` tokens."""

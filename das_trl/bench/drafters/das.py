@@ -42,6 +42,7 @@ class DASReplayDrafter(Drafter):
         self._prompt_len: dict[str, int] = {}
         self._gained: dict[str, int] = {}
         self._pos: dict[str, int] = {}
+        self._verified: dict[str, int] = {}  # draft tokens the scheduler kept, where it cut (the next step reports it)
         self._matrix = np.zeros((0, 0), np.int32)
         self._ingest_seen = self._ingest_seconds()
 
@@ -71,6 +72,7 @@ class DASReplayDrafter(Drafter):
         self._prompt_len = {rid: len(r.prompt_ids) for rid, r in zip(request_ids, records)}
         self._gained = dict.fromkeys(request_ids, 0)
         self._pos = dict.fromkeys(request_ids, 0)
+        self._verified = {}
         self._ingest_seen = self._ingest_seconds()
 
     def start(self, rid, rec):
@@ -98,24 +100,30 @@ class DASReplayDrafter(Drafter):
     def propose(self, rid, context, budget):
         return self.d.propose(rid, context, budget)
 
-    def _arrays(self, rids: list[str], positions) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """``rows, num_tokens, num_prompt, num_sampled`` of these requests (what the engine holds; not timed)."""
+    def scheduled(self, rid, num_draft_tokens):
+        self._verified[rid] = int(num_draft_tokens)
+
+    def _arrays(self, rids: list[str], positions
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``rows, num_tokens, num_prompt, num_sampled, num_verified`` of these requests (what the engine holds; not
+        timed; ``num_verified`` -1 where the whole draft was scheduled)."""
         n = len(rids)
         # int32, as vLLM holds them (token_ids_cpu, num_tokens_no_spec, num_prompt_tokens)
         rows = np.fromiter((self._row[r] for r in rids), np.int32, n)
         num_prompt = np.fromiter((self._prompt_len[r] for r in rids), np.int32, n)
         num_tokens = num_prompt + np.fromiter(positions, np.int32, n)
         gained = np.fromiter((self._gained[r] for r in rids), np.int32, n)
-        return rows, num_tokens, num_prompt, gained
+        verified = np.fromiter((self._verified.pop(r, -1) for r in rids), np.int32, n) if self._verified else \
+            np.full(n, -1, np.int32)
+        return rows, num_tokens, num_prompt, gained, verified
 
     def _step(self, running, max_tokens):
         """One drafter ``step`` for the running requests with per-row budgets ``max_tokens``."""
         rids = [rid for rid, _, _, _ in running]
-        rows, num_tokens, num_prompt, gained = self._arrays(rids, (pos for _, _, pos, _ in running))
+        rows, num_tokens, num_prompt, gained, verified = self._arrays(rids, (pos for _, _, pos, _ in running))
         budgets = np.asarray(max_tokens, np.int64)
         with self.watch:
-            out = self.d.step(rids, self._matrix, rows, num_tokens, num_prompt, gained, np.full(len(rids), -1),
-                              budgets)
+            out = self.d.step(rids, self._matrix, rows, num_tokens, num_prompt, gained, verified, budgets)
         self._collect_ingest()  # what the step deferred (all rows when none drafts; with defer_idle_rows, idle rows)
         return rids, out
 

@@ -33,6 +33,9 @@ from das_trl.vllm.speculator import Speculator
 
 from .das import DASReplayDrafter
 
+#: The controller's counters of the padded logprob shape a replay result carries (``budget_`` prefixed).
+PADDING_COUNTERS = ("padding_cut_steps", "padding_ms", "padding_over_saving_steps")
+
 
 class DASControllerDrafter(DASReplayDrafter):
     """The DAS drafter + batch budget controller inside a :class:`~das_trl.vllm.speculator.Speculator` (see the
@@ -48,6 +51,7 @@ class DASControllerDrafter(DASReplayDrafter):
         self._finishing: list[str] = []  # emitted their last tokens: in the next step, then finished
         self._finished: list[str] = []   # left the batch: finished at the next step, before it
         self._counters_at_begin: dict[str, int] = {}
+        self._budget_at_begin: dict[str, float] = {}
         self.speculated_per_step: list[int] = []
         self.silent_per_step: list[int] = []
         self.reliability = ReliabilityRecord()  # the last batch's predicted vs realised acceptance
@@ -77,8 +81,12 @@ class DASControllerDrafter(DASReplayDrafter):
         self.speculator.max_model_len = self._longest + self.d.config.max_spec_tokens + 1
         self._finishing, self._finished = [], []
         self._counters_at_begin = dict(self.speculator.counters)
+        self._budget_at_begin = {k: self.controller.stats()[k] for k in PADDING_COUNTERS}
         self.speculated_per_step, self.silent_per_step = [], []
         self.reliability = ReliabilityRecord()
+
+    def engine_limits(self, token_budget):
+        self.speculator.max_step_tokens = token_budget  # the proposer reads vLLM's max_num_scheduled_tokens
 
     def start(self, rid, rec):
         prompt = np.asarray(rec.prompt_ids, np.int64)
@@ -93,14 +101,14 @@ class DASControllerDrafter(DASReplayDrafter):
         requests and those that emitted their last tokens in the previous step)."""
         rids = [rid for rid, _, _, _ in running] + self._finishing
         positions = [pos for _, _, pos, _ in running] + [self._pos[r] for r in self._finishing]
-        rows, num_tokens, num_prompt, gained = self._arrays(rids, positions)
+        rows, num_tokens, num_prompt, gained, verified = self._arrays(rids, positions)
         gone, self._finished, self._finishing = self._finished, self._finishing, []
         spec = self.speculator
         before_rows, before_silent = spec.counters["speculated_rows"], spec.counters["silent_steps"]
         with self.watch:
             for rid in gone:
                 spec.finish(rid)
-            out = spec.step(rids, self._matrix, rows, num_tokens, num_prompt, gained) if rids else None
+            out = spec.step(rids, self._matrix, rows, num_tokens, num_prompt, gained, verified) if rids else None
         drafted = spec.counters["speculated_rows"] - before_rows
         self.speculated_per_step.append(drafted)
         self.silent_per_step.append(spec.counters["silent_steps"] - before_silent)
@@ -145,4 +153,7 @@ class DASControllerDrafter(DASReplayDrafter):
         now = self.speculator.counters
         out = {k: int(v - self._counters_at_begin.get(k, 0)) for k, v in now.items()}
         out["speculated_per_step"] = list(self.speculated_per_step)
+        now_budget = self.controller.stats()
+        for k in PADDING_COUNTERS:  # what the padded logprob shape cost and cut (the controller's counters)
+            out[f"budget_{k}"] = now_budget[k] - self._budget_at_begin.get(k, 0)
         return out
