@@ -85,6 +85,25 @@ def test_optional_keys_get_a_column_and_a_section(payload):
     assert "cpus 2" in page.settings_block(payload) and "`abc1234`" in page.settings_block(payload)
 
 
+def test_engine_table_shows_the_default_under_the_padded_shape_and_with_admission(payload):
+    assert "no other engine" in page.engine_table(payload)
+    c = "0.025"
+    padded = {"ratios": _ratios(2400.0, suffix=0.95, **{DEFAULT: 1.1}),
+              "results": [{"drafter": DEFAULT, "counters": {"budget_padding_cut_steps": 37,
+                                                             "budget_padding_over_saving_steps": 0}}]}
+    admission = {"ratios": _ratios(2600.0, **{DEFAULT: 0.96}),
+                 "results": [{"drafter": "none", "first_token_steps_mean": 1.5},
+                             {"drafter": DEFAULT, "first_token_steps_mean": 1.5}]}
+    payload["points"][0]["variants"] = {"padded": {c: padded}, "admission": {c: admission}}
+    payload["verification_shapes"] = ["patched", "padded"]
+    table = page.engine_table(payload).splitlines()
+    assert table[0] == ("| set | requests | default / none (patched) | default / none (padded) | `suffix` / none "
+                        "(padded) | default: steps cut for padding (padded) | default: padding > saving (padded) | "
+                        "default / none (admission) | first token, steps: none / default |")
+    assert table[2] == "| `frozen_smollm2_t06` | 4 | 1.25 | 1.10 | 0.95 | 37 | 0 | 0.96 | 1.5 / 1.5 |"
+    assert table[3] == "| `qwen25_05b_gsm8k_grpo_das` | 4 | 0.50 | - | - | - | - | - | - / - |"  # no variants
+
+
 def test_headline_gives_the_default_against_the_better_baseline_over_every_point(payload):
     # suffix 0.9 x none on both points: the default 1.25 and 0.5 x none are 1.25/0.9 and 0.5/0.9 x the better.
     s = page.headline_sentence(payload)

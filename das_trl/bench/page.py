@@ -23,7 +23,8 @@ from typing import Callable, Sequence
 
 from das_trl.bench.report import DEFAULT
 from das_trl.bench.suite_json import (BY_SET_PNG, HEADLINE_PNG, RELIABILITY_PNG, bound_names,
-                                     c_tok_key, c_tok_keys, load, ratio, reliability_points)
+                                     c_tok_key, c_tok_keys, load, ratio, reliability_points, variant_names,
+                                     variant_ratio, variant_result)
 
 _BLOCK = re.compile(r"(<!-- bench:([a-z0-9-]+):start -->\n)(.*?)(<!-- bench:\2:end -->)", re.S)
 
@@ -99,6 +100,44 @@ def cost_table(payload: dict, default: str = DEFAULT) -> str:
     head = ["set"] + [f"default / none @{_c(c)}" for c in cs] + [f"`suffix` / none @{_c(c)}" for c in cs]
     rows = [[f"`{p['name']}`"] + [_num(ratio(p, c, default, "time_cpu_vs_none")) for c in cs]
             + [_num(ratio(p, c, "suffix", "time_cpu_vs_none")) for c in cs] for p in payload["points"]]
+    return _table(head, rows)
+
+
+def engine_table(payload: dict, default: str = DEFAULT) -> str:
+    """Per replay point at the reference cost model, the default (and ``suffix``) vs none under every engine variant
+    of the suite: another verification shape (vLLM's padded logprob path: the default's steps whose longest draft it
+    cut for the padding, and steps whose padding cost more than the kept drafts' expected saving) and admission (the
+    requests' prompts prefilled under the engine's token budget: mean steps to each request's first token, none and
+    the default), beside the main tables' figures."""
+    c = c_tok_key(payload)
+    variants = variant_names(payload)
+    if not variants:
+        return ("_The suite JSON has no other engine: `das-trl bench suite --shapes patched,padded --admission "
+                "trainer` writes one._")
+    main = payload.get("verification_shapes", ["patched"])[0]
+    head = ["set", "requests", f"default / none ({main})"]
+    for v in variants:
+        if v == "admission":
+            head += ["default / none (admission)", "first token, steps: none / default"]
+        else:
+            head += [f"default / none ({v})", f"`suffix` / none ({v})", f"default: steps cut for padding ({v})",
+                     f"default: padding > saving ({v})"]
+    rows = []
+    for p in payload["points"]:
+        row = [f"`{p['name']}`", _int(p.get("requests")), _num(ratio(p, c, default, "time_cpu_vs_none"))]
+        for v in variants:
+            if v == "admission":
+                none_r, dflt = variant_result(p, v, c, "none"), variant_result(p, v, c, default)
+                ttft = [r.get("first_token_steps_mean") for r in (none_r, dflt)]
+                row += [_num(variant_ratio(p, v, c, default, "time_cpu_vs_none")),
+                        " / ".join(_num(t, 1) if isinstance(t, (int, float)) else "-" for t in ttft)]
+            else:
+                counters = variant_result(p, v, c, default).get("counters", {})
+                row += [_num(variant_ratio(p, v, c, default, "time_cpu_vs_none")),
+                        _num(variant_ratio(p, v, c, "suffix", "time_cpu_vs_none")),
+                        _int(counters.get("budget_padding_cut_steps")),
+                        _int(counters.get("budget_padding_over_saving_steps"))]
+        rows.append(row)
     return _table(head, rows)
 
 
@@ -245,6 +284,7 @@ def page_blocks(payload: dict, default: str = DEFAULT) -> dict[str, Callable[[],
     return {"settings": lambda: settings_block(payload), "headline": lambda: headline_block(payload, default),
             "main-table": lambda: main_table(payload, None, default),
             "cost-table": lambda: cost_table(payload, default),
+            "engine-table": lambda: engine_table(payload, default),
             "sets-table": lambda: sets_table(payload), "reliability": lambda: reliability_block(payload, default),
             "readme": lambda: readme_block(payload, default), "realdata-sources": realdata_sources_block}
 

@@ -69,6 +69,31 @@ def ratio(point: dict, c: str, name: str, key: str) -> float:
     return float(v) if isinstance(v, (int, float)) else math.nan
 
 
+def variant_ratio(point: dict, variant: str, c: str, name: str, key: str) -> float:
+    """``ratios[name][key]`` of ``point``'s variant ``variant`` (another verification shape, ``"admission"``) at cost
+    model ``c``; nan when absent."""
+    v = point.get("variants", {}).get(variant, {}).get(c, {}).get("ratios", {}).get(name, {}).get(key)
+    return float(v) if isinstance(v, (int, float)) else math.nan
+
+
+def variant_result(point: dict, variant: str, c: str, name: str) -> dict:
+    """The summary of drafter ``name``'s result in ``point``'s variant ``variant`` at ``c`` (``{}`` when absent)."""
+    for r in point.get("variants", {}).get(variant, {}).get(c, {}).get("results", []):
+        if isinstance(r, dict) and r.get("drafter") == name:
+            return r
+    return {}
+
+
+def variant_names(payload: dict) -> list[str]:
+    """The variants some point of the suite JSON has, in first-seen order."""
+    out: list[str] = []
+    for p in payload["points"]:
+        for v in p.get("variants", {}) if isinstance(p.get("variants"), dict) else ():
+            if v not in out:
+                out.append(v)
+    return out
+
+
 def bound_names(payload: dict, c: str) -> list[str]:
     """The bounds in the JSON at ``c``: oracle-trim, oracle-text, then any other ``"bound": true`` entry, in order."""
     extra: list[str] = []
