@@ -102,10 +102,12 @@ def resolve_reward_funcs(names: list[str]) -> list[Callable]:
     return out
 
 
-def main() -> None:
-    parser = TrlParser((ScriptArguments, DASGRPOConfig, ModelConfig))
-    script_args, training_args, model_args = parser.parse_args_and_config()
-    model = model_args.model_name_or_path or prepare_default_model()
+def load_recipe_dataset(script_args: ScriptArguments):
+    """The prompt dataset the script arguments describe (``--dataset`` and the options beside it).
+
+    Raises:
+        ValueError: ``--dataset_task_config`` is not valid JSON, or the loader refuses the data set.
+    """
     task_config = script_args.dataset_task_config
     if isinstance(task_config, str):
         try:
@@ -119,14 +121,26 @@ def main() -> None:
                                   system_prompt=system_prompt)
     if script_args.solution_column:
         dataset = dataset.map(lambda row: {"solution": row[script_args.solution_column]})
-    trainer = DASGRPOTrainer(
-        model=model,
-        reward_funcs=resolve_reward_funcs(script_args.reward_funcs),
-        args=training_args,
-        train_dataset=dataset,
-        peft_config=get_peft_config(model_args),  # LoRA with --use_peft (the engine serves merged weights)
-        callbacks=[DASProgressCallback()],
-    )
+    return dataset
+
+
+def recipe_trainer_kwargs(script_args: ScriptArguments, model_args: ModelConfig) -> dict:
+    """The trainer arguments the recipe's flags give: ``model`` (``--model_name_or_path``, else the embedded
+    SmolLM2-135M-Instruct), ``reward_funcs``, ``train_dataset`` and ``peft_config`` (LoRA with ``--use_peft``; the engine
+    serves the merged weights)."""
+    return {
+        "model": model_args.model_name_or_path or prepare_default_model(),
+        "reward_funcs": resolve_reward_funcs(script_args.reward_funcs),
+        "train_dataset": load_recipe_dataset(script_args),
+        "peft_config": get_peft_config(model_args),
+    }
+
+
+def main() -> None:
+    parser = TrlParser((ScriptArguments, DASGRPOConfig, ModelConfig))
+    script_args, training_args, model_args = parser.parse_args_and_config()
+    trainer = DASGRPOTrainer(args=training_args, callbacks=[DASProgressCallback()],
+                             **recipe_trainer_kwargs(script_args, model_args))
     trainer.train()
     trainer.save_model(training_args.output_dir)
 
