@@ -15,8 +15,9 @@ two ``[B x (longest draft + 1), vocab]`` float32 tensors per step, however short
 ``parse_output`` then keeps only the positions whose sampled token is not ``PLACEHOLDER_TOKEN_ID``: every position
 past a row's own draft + 1 is a placeholder, so its (neighbouring rows') logprobs are computed and thrown away. With
 DAS's per-row drafts (a few tail rows drafting tens of tokens, the rest 0-4) that is most of the work: at B 64 and
-a 151,936-token vocabulary, one 64-token draft grew the process by 4.9 GB, the same 64 draft tokens spread one per
-row by 0.27 GB (``scripts/bench_verification_logprobs.py``).
+a 151,936-token vocabulary, one 64-token draft grew the process by 10.1 GiB (5.4 GiB of tensors at once), the same
+64 draft tokens spread one per row by 0.22 GiB; with this patch both 0.29-0.31 GiB
+(``scripts/bench_verification_logprobs.py``, CPU tensors).
 
 The patch
 ---------
