@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from typing import Any
 
 from das_trl.drafter import problem_key
@@ -51,10 +52,10 @@ class RolloutHistorySync:
                 logger.warning("checkpoint %s has no DAS history: drafting restarts from an empty history", restore_dir)
         self.stale = True  # the engine may hold another run's history: the first push loads the mirror
         self.last_counters: dict[str, float] = {}
-        self.pushes = 0
         # (prompt ids, completion ids, explicit key or None) per rollout, recorded since the last push.
         self._pending: list[tuple[list[int], list[int], int | None]] = []
         self._short_rows = 0
+        self._lock = threading.Lock()  # record_group runs on the worker's event loop, push on a thread
 
     def record_group(self, sequences: list[list[Any]], reward_kwargs: dict[str, list[Any]]) -> None:
         """Record one scored group's rollouts.
@@ -70,13 +71,16 @@ class RolloutHistorySync:
         explicit = problem_ids_of([{k: v[i] for k, v in reward_kwargs.items()} for i in range(len(sequences))])
         k = int(self.limits.get("num_speculative_tokens") or 0)
         max_model_len = self.limits.get("max_model_len")
+        recorded, short = [], 0
         for i, rows in enumerate(sequences):
             if not rows or 1 not in rows[0].completion_mask:
                 continue
             ids, start = list(rows[0].input_ids), list(rows[0].completion_mask).index(1)
-            self._pending.append((ids[:start], ids[start:], explicit[i] if explicit is not None else None))
-            if max_model_len and len(ids) + k > max_model_len:
-                self._short_rows += 1
+            recorded.append((ids[:start], ids[start:], explicit[i] if explicit is not None else None))
+            short += bool(max_model_len and len(ids) + k > max_model_len)
+        with self._lock:
+            self._pending += recorded
+            self._short_rows += short
 
     def push(self) -> dict[str, float]:
         """Push the rollouts recorded since the last push as one history step, check the engine, write the mirror.
@@ -84,7 +88,9 @@ class RolloutHistorySync:
         Returns:
             the ``das/*`` metrics of the push (a failed push: ``das/history_push_failures``; the next one reloads).
         """
-        pending, self._pending = self._pending, []
+        with self._lock:
+            pending, self._pending = self._pending, []
+            short_rows, self._short_rows = self._short_rows, 0
         prompts = [p for p, _, _ in pending]
         completions = [c for _, c, _ in pending]
         explicit = any(key is not None for _, _, key in pending)
@@ -95,9 +101,7 @@ class RolloutHistorySync:
                                            last_counters=self.last_counters)
         metrics["das/history_rollouts"] = float(len(prompts))
         if self.limits.get("max_model_len"):
-            metrics["das/headroom_short_rows"] = float(self._short_rows)
-        self._short_rows = 0
-        self.pushes += 1
+            metrics["das/headroom_short_rows"] = float(short_rows)
         if self.history_dir:
             self.mirror.save(self.history_dir)
         return metrics
