@@ -238,6 +238,29 @@ def _random_batch(rng, prompts, epoch, long_rows=(), vocab=5000):
     return out
 
 
+def test_ingest_that_outlasts_the_forward_pass_is_charged_to_the_critical_path(jsonl):
+    """das+controller's real ingest thread: the replay completes each step's deferred ingest after the step and
+    keeps its time as that step's background work. Under a cost model whose forward pass takes no time, none of it
+    finishes within its step, so all of it is charged (cpu_ms = the calls' time + every step's background); under
+    forward passes far longer than any step's ingest, none is; the suite reports the background beside it."""
+    train, evals = _split(jsonl)
+    d = drafters.make_drafter("das+controller", controller_config=drafters.controller_config(7.0, 0.025))
+    res = simulation.simulate(d, train, evals, 7.0, 0.025)
+    crit = 1000.0 * sum(res.proposer_seconds)
+    bg = res.background_ms()
+    assert bg > 0.0 and len(res.background_seconds) == res.steps
+    assert res.background_excess_ms(0.0, 0.0) == pytest.approx(bg)
+    assert res.cpu_ms(0.0, 0.0) == pytest.approx(crit + bg)
+    assert res.background_excess_ms(1000.0, 0.0) == 0.0 and res.cpu_ms(1000.0, 0.0) == pytest.approx(crit)
+    # each step is charged only its own background beyond its own forward pass
+    worst = max(res.background_seconds)
+    assert res.background_excess_ms(1000.0 * worst / 2.0, 0.0) == pytest.approx(
+        sum(max(0.0, 1000.0 * b - 1000.0 * worst / 2.0) for b in res.background_seconds))
+    rat = report.ratios([res], 0.0, 0.0)[res.name]
+    assert rat["bg_ms_per_step"] == pytest.approx(bg / res.steps) and rat["bg_excess_ms"] == pytest.approx(bg)
+    assert rat["cpu_ms_per_step"] == pytest.approx((crit + bg) / res.steps)
+
+
 def test_large_low_acceptance_batch_drafts_nothing_until_it_drains_to_the_long_requests():
     """160 requests of random tokens (history: other random completions of the same prompts), 4 of them 600 tokens
     long (a repeated phrase after their first 100), the rest 40-80: while the batch is large no row is speculated

@@ -59,18 +59,22 @@ def format_table(results: Sequence[ReplayResult], c_base: float = 7.0, c_tok: fl
                  host_speed: float = 1.0, async_off_ms: float = 0.0, bounds: Bounds | None = None) -> str:
     """Per drafter (then the bounds): tokens per round (and vs ``suffix``), tail steps (and vs ``none``), the
     cost-model time without the CPU (ms, vs ``none``, vs the better of ``none`` and ``suffix``), the proposer's CPU
-    per engine step (ms) and per request-round (us), and the time with the CPU (ms, vs ``none`` and vs the better of
-    ``none`` and ``suffix``, each with its own CPU). ``*``: CPU measured but not representative (``ngram``)."""
+    per engine step (ms: the critical path, background work beyond a step's forward pass included) and per
+    request-round (us), its background work per step beside it (ms, the ingest thread's, overlapping the forward
+    pass), and the time with the CPU (ms, vs ``none`` and vs the better of ``none`` and ``suffix``, each with its own
+    CPU). ``*``: CPU measured but not representative (``ngram``)."""
     rat = ratios(results, c_base, c_tok, host_speed, async_off_ms, bounds)
     head = (f"{'drafter':<16}{'tok/rd':>7}{'vs sfx':>7}{'tail':>6}{'vs none':>8}{'time ms':>10}{'vs none':>8}"
-            f"{'vs best':>8}{'CPU ms/st':>10}{'us/req-rd':>10}{'+CPU ms':>10}{'vs none':>8}{'vs best':>8}")
-    lines = [f"{'':<44}|{'without CPU':^26}|{'proposer CPU':^20}|{'with CPU':^26}", head, "-" * len(head)]
+            f"{'vs best':>8}{'CPU ms/st':>10}{'us/req-rd':>10}{'bg ms/st':>9}{'+CPU ms':>10}{'vs none':>8}"
+            f"{'vs best':>8}")
+    lines = [f"{'':<44}|{'without CPU':^26}|{'proposer CPU':^29}|{'with CPU':^26}", head, "-" * len(head)]
     flagged = False
     for name, x in rat.items():
         bound = x.get("bound", False)
         star = "" if x.get("cpu_representative", True) else "*"
         flagged |= bool(star)
-        cpu = (f"{'-':>10}{'-':>10}" if bound else f"{x['cpu_ms_per_step']:>10.3f}{x['cpu_us_per_round']:>10.2f}")
+        cpu = (f"{'-':>10}{'-':>10}{'-':>9}" if bound else
+               f"{x['cpu_ms_per_step']:>10.3f}{x['cpu_us_per_round']:>10.2f}{x['bg_ms_per_step']:>9.3f}")
         lines.append(f"{(name + star):<16}{x['tokens_per_round']:>7.3f}{_x(x['tpr_vs_suffix'], 7)}{x['tail']:>6d}"
                      f"{_f(x['tail_vs_none'], 8)}{x['time_ms']:>10.0f}{_f(x['time_vs_none'], 8, 3)}"
                      f"{_f(x['time_vs_best'], 8, 3)}{cpu}{x['time_cpu_ms']:>10.0f}{_f(x['time_cpu_vs_none'], 8, 3)}"
@@ -164,8 +168,10 @@ def ratios(results: Sequence[ReplayResult], c_base: float, c_tok: float, host_sp
     """Per drafter (and, with ``bounds``, ``oracle-trim`` / ``oracle-text``): ``tokens_per_round``,
     ``tpr_vs_suffix``, ``tail`` (steps), ``tail_vs_none``; without the CPU ``time_ms``, ``time_vs_none``,
     ``time_vs_best`` (the better of none and suffix); the proposer's CPU ``cpu_ms`` (critical path, scaled by
-    ``host_speed``), ``cpu_ms_per_step``, ``cpu_us_per_round``, ``us_per_round`` (measured, unscaled) and
-    ``us_vs_suffix``; with the CPU (and ``async_off_ms`` per step for speculative methods) ``time_cpu_ms``,
+    ``host_speed``; its background work beyond a step's forward pass included), ``cpu_ms_per_step``,
+    ``cpu_us_per_round``, ``us_per_round`` (measured, unscaled) and ``us_vs_suffix``; the background work beside it
+    (the ingest thread's, overlapping the forward passes): ``bg_ms_per_step`` (all of it, scaled) and
+    ``bg_excess_ms`` (the part that outlasted its step's forward pass, already in ``cpu_ms``); with the CPU (and ``async_off_ms`` per step for speculative methods) ``time_cpu_ms``,
     ``time_cpu_vs_none``, ``time_cpu_vs_best`` (each reference with its own CPU). nan where a reference is
     missing. Bounds carry ``bound: True`` and no CPU."""
     by = {r.name: r for r in results}
@@ -182,11 +188,14 @@ def ratios(results: Sequence[ReplayResult], c_base: float, c_tok: float, host_sp
         us = 1e6 * r.drafter_seconds / max(1, r.rounds)
         t = r.time_at(c_base, c_tok)
         cpu = r.cpu_ms(c_base, c_tok, host_speed)
+        bg = r.background_ms(host_speed)
         tc = r.time_with_cpu(c_base, c_tok, host_speed, async_off_ms)
         out[r.name] = {"tokens_per_round": r.tokens_per_round, "tpr_vs_suffix": r.tokens_per_round / sfx_tpr,
                        "tail": r.steps, "tail_vs_none": r.steps / none.steps if none else math.nan,
                        "time_ms": t, "time_vs_none": t / none_t, "time_vs_best": t / best,
                        "cpu_ms": cpu, "cpu_ms_per_step": cpu / max(1, r.steps),
+                       "bg_ms_per_step": bg / max(1, r.steps),
+                       "bg_excess_ms": r.background_excess_ms(c_base, c_tok, host_speed),
                        "cpu_us_per_round": 1000.0 * cpu / max(1, r.rounds), "us_per_round": us,
                        "us_vs_suffix": us / sfx_us if sfx_us > 0 else math.nan,
                        "time_cpu_ms": tc, "time_cpu_vs_none": tc / none_cpu, "time_cpu_vs_best": tc / best_cpu,
@@ -202,7 +211,8 @@ def ratios(results: Sequence[ReplayResult], c_base: float, c_tok: float, host_sp
             out[name] = {"tokens_per_round": tpr, "tpr_vs_suffix": tpr / sfx_tpr, "tail": steps,
                          "tail_vs_none": steps / none.steps if none else math.nan, "time_ms": t,
                          "time_vs_none": t / none_t, "time_vs_best": t / best, "cpu_ms": 0.0,
-                         "cpu_ms_per_step": 0.0, "cpu_us_per_round": 0.0, "us_per_round": 0.0,
+                         "cpu_ms_per_step": 0.0, "bg_ms_per_step": 0.0, "bg_excess_ms": 0.0,
+                         "cpu_us_per_round": 0.0, "us_per_round": 0.0,
                          "us_vs_suffix": math.nan, "time_cpu_ms": t, "time_cpu_vs_none": t / none_cpu,
                          "time_cpu_vs_best": t / best_cpu, "cpu_representative": True, "bound": True}
     return out
@@ -222,7 +232,7 @@ def summary_rows(points: Sequence[Point], c_base: float, c_toks: Sequence[float]
     (the better of none and suffix, each with its own CPU), ``time_vs_best`` (all without the CPU),
     ``gap_to_trim`` (default with CPU / oracle-trim - 1), ``trim_vs_best`` / ``text_vs_best`` (the bounds / best
     with CPU), ``short_trim_vs_best`` (``oracle-trim`` of the shorter K-16 drafts, when replayed), ``tokens_per_round``,
-    ``cpu_ms_per_step``, ``cpu_us_per_round``."""
+    ``cpu_ms_per_step`` (critical path), ``bg_ms_per_step`` (background, beside it), ``cpu_us_per_round``."""
     rows = []
     for c_tok in c_toks:
         for p in points:
@@ -241,6 +251,7 @@ def summary_rows(points: Sequence[Point], c_base: float, c_toks: Sequence[float]
                          "text_vs_best": text["time_cpu_vs_best"] if text else nan,
                          "short_trim_vs_best": short["time_cpu_vs_best"] if short else nan,
                          "cpu_ms_per_step": a["cpu_ms_per_step"] if a else nan,
+                         "bg_ms_per_step": a["bg_ms_per_step"] if a else nan,
                          "cpu_us_per_round": a["cpu_us_per_round"] if a else nan})
     return rows
 
@@ -249,17 +260,19 @@ def format_summary(points: Sequence[Point], c_base: float, c_toks: Sequence[floa
                    async_off_ms: float = 0.0, default: str = DEFAULT) -> str:
     """One line per replay point and cost model for the trainer default (:func:`summary_rows`)."""
     head = (f"{'set':<34}{'c_tok':>6}{'req':>5}{'tok/rd':>8}{'+CPU/none':>10}{'+CPU/best':>10}{'noCPU/best':>11}"
-            f"{'gap trim':>9}{'trim/best':>10}{'trim16/bst':>11}{'text/best':>10}{'CPU ms/st':>10}{'us/req-rd':>10}")
+            f"{'gap trim':>9}{'trim/best':>10}{'trim16/bst':>11}{'text/best':>10}{'CPU ms/st':>10}{'us/req-rd':>10}"
+            f"{'bg ms/st':>9}")
     lines = [f"default = {default}; time with the proposer's CPU (host speed {host_speed:g}, async-off "
              f"{async_off_ms:g} ms/step) vs none and vs the better of none and suffix (each with its own CPU); "
-             f"gap trim = default with CPU / oracle-trim - 1; trim16 = oracle-trim of the K-16 drafts", head,
+             f"gap trim = default with CPU / oracle-trim - 1; trim16 = oracle-trim of the K-16 drafts; CPU = the "
+             f"critical path (background beyond a step's forward pass included), bg = background work per step", head,
              "-" * len(head)]
     for r in summary_rows(points, c_base, c_toks, host_speed, async_off_ms, default):
         lines.append(f"{r['set']:<34}{r['c_tok']:>6}{r['requests']:>5}{r['tokens_per_round']:>8.3f}"
                      f"{_f(r['time_cpu_vs_none'], 10, 3)}{_f(r['time_cpu_vs_best'], 10, 3)}"
                      f"{_f(r['time_vs_best'], 11, 3)}{_pct(r['gap_to_trim'], 9)}{_f(r['trim_vs_best'], 10, 3)}"
                      f"{_f(r['short_trim_vs_best'], 11, 3)}{_f(r['text_vs_best'], 10, 3)}{_f(r['cpu_ms_per_step'], 10, 3)}"
-                     f"{_f(r['cpu_us_per_round'], 10, 2)}")
+                     f"{_f(r['cpu_us_per_round'], 10, 2)}{_f(r['bg_ms_per_step'], 9, 3)}")
     return "\n".join(lines)
 
 

@@ -225,16 +225,26 @@ class ReplayResult:
 
     def cpu_ms(self, c_base: float, c_tok: float, host_speed: float = 1.0) -> float:
         """The proposer's time on the critical path (ms): its calls' time / ``host_speed``, plus, per step, the
-        background ingest beyond that step's forward pass (``c_base + c_tok * step_tokens``)."""
+        background ingest beyond that step's forward pass (:meth:`background_excess_ms`)."""
         if not self.proposer_seconds:
             return 0.0
-        hs = float(host_speed)
-        crit = 1000.0 * float(np.sum(self.proposer_seconds)) / hs
-        if self.background_seconds and any(self.background_seconds):
-            bg = 1000.0 * np.asarray(self.background_seconds, np.float64) / hs
-            fwd = c_base + c_tok * np.asarray(self.step_tokens, np.float64)
-            crit += float(np.maximum(0.0, bg - fwd).sum())
-        return crit
+        crit = 1000.0 * float(np.sum(self.proposer_seconds)) / float(host_speed)
+        return crit + self.background_excess_ms(c_base, c_tok, host_speed)
+
+    def background_ms(self, host_speed: float = 1.0) -> float:
+        """The proposer's background work (ms, / ``host_speed``): what its ingest thread did while the engine ran
+        the forward passes, all of it (the part beyond a step's forward pass is :meth:`background_excess_ms`)."""
+        return 1000.0 * float(np.sum(self.background_seconds)) / float(host_speed) if self.background_seconds else 0.0
+
+    def background_excess_ms(self, c_base: float, c_tok: float, host_speed: float = 1.0) -> float:
+        """The background work that could not finish within its step's modelled forward pass (ms, / ``host_speed``):
+        per step ``max(0, background - (c_base + c_tok * step_tokens))``. The engine's next step waits for it (the
+        drafter completes its queue before it drafts), so it is on the critical path (:meth:`cpu_ms`)."""
+        if not self.background_seconds or not any(self.background_seconds):
+            return 0.0
+        bg = 1000.0 * np.asarray(self.background_seconds, np.float64) / float(host_speed)
+        fwd = c_base + c_tok * np.asarray(self.step_tokens, np.float64)
+        return float(np.maximum(0.0, bg - fwd).sum())
 
     def time_with_cpu(self, c_base: float, c_tok: float, host_speed: float = 1.0, async_off_ms: float = 0.0) -> float:
         """Cost-model time (ms) plus the proposer's critical-path CPU (:meth:`cpu_ms`) plus, for a speculative
