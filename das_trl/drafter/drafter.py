@@ -435,6 +435,8 @@ class NativeDASDrafter:
         * ``deferred_steps``: steps whose ingest was left to the ingest thread;
         * ``ingest_caller_steps``: deferred ingests a caller did itself because the thread had not started them
           (on the caller's critical path);
+        * ``ingest_waits``: steps that found the thread ingesting and waited for it (the thread's ingest outlasted
+          the engine's forward pass: wall time on the critical path);
         * ``ingest_background_seconds`` / ``ingest_last_seconds``: the thread's ingest time (steady clock) in all /
           in its last step; ``ingest_background_cpu_seconds``: its CPU time in all (less than the steady time when
           the thread waited for a core);
@@ -461,7 +463,8 @@ class NativeDASDrafter:
             live_evicted_tokens=s["live_evicted_tokens"],
             live_tree_tokens=s["live_local_tokens"] + s["live_group_tokens"], live_approx_bytes=s["live_bytes"],
             live_rebuilds=s["live_rebuilds"], speculated_rows=s["proposals"], deferred_steps=s["deferred_steps"],
-            ingest_caller_steps=s["caller_ingests"], ingest_background_seconds=s["ingest_background_seconds"],
+            ingest_caller_steps=s["caller_ingests"], ingest_waits=s["ingest_waits"],
+            ingest_background_seconds=s["ingest_background_seconds"],
             ingest_last_seconds=s["ingest_last_seconds"],
             ingest_background_cpu_seconds=s["ingest_background_cpu_seconds"],
             ingest_queued_tokens=s["ingest_queued_tokens"],

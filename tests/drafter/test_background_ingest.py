@@ -220,6 +220,33 @@ def test_defer_idle_rows_is_deterministic_and_loses_no_token(seed):
     assert a.check() == "" and b.check() == "" and sync.check() == ""
 
 
+@pytest.mark.parametrize("seed", [0, 4])
+def test_drafts_never_read_a_half_appended_automaton(seed):
+    """defer_shared_ingest: the ingest thread is slowed down (it sleeps before each queued row while it holds the
+    drafter's lock, as it holds it while ingesting), so engine steps arrive in the middle of its ingest. Their drafts
+    equal, at every step, those of a drafter whose thread is held (each step completes the queue itself before it
+    drafts): a draft that read an automaton the thread had appended to only in part would differ."""
+    slow, held = make(True, defer_shared_ingest=True), make(True, defer_shared_ingest=True)
+    slow._core.set_ingest_delay(300)
+    held._core.hold_ingest(True)
+
+    def on_step(step, ids, matrix, args):
+        time.sleep(0.002)  # the engine's forward pass: the thread starts its (slow) ingest of the last step
+        x = slow.step(ids, matrix, *args)
+        y = held.step(ids, matrix, *args)
+        assert same_batch(x, y), f"step {step}: a draft read a different automaton"
+        return [x, y]
+
+    eng = Engine([slow, held], seed)
+    eng.run(120, on_step)
+    sa, sb = slow.stats(), held.stats()
+    assert sa["ingest_waits"] > 0  # steps did arrive while the thread was ingesting (~20-60 of them here)
+    assert sa["drafts"] == sb["drafts"] > 30 and sb["ingest_background_seconds"] == 0.0
+    for key in ("live_running_tokens", "live_finished_tokens", "live_tree_tokens"):
+        assert sa[key] == sb[key], key
+    assert slow.check() == "" and held.check() == ""
+
+
 @pytest.mark.parametrize("hold", [False, True])
 def test_calls_while_ingest_in_flight(hold):
     """Large deferred steps (hundreds of tokens per row) followed at once by stop (its siblings must see its whole

@@ -54,7 +54,7 @@ class Drafter:
                 which no row drafts leave their new tokens to the drafter's ingest thread; drafts, counters and
                 stats equal the synchronous path's), ``defer_idle_rows`` (with it, drafting steps leave the rows
                 without a budget to the thread too), ``defer_shared_ingest`` (drafting steps also leave the
-                shared automata named by ``late_shared_groups`` -- 1 siblings, 2 batch, 3 both; default 3 -- to
+                shared automata named by ``late_shared_groups`` -- 1 siblings, 2 batch, 3 both; default 2 -- to
                 catch up with the drafting rows' tokens on the thread: drafts read them one step late)); missing
                 keys keep the core's defaults.
 
@@ -132,6 +132,10 @@ class Drafter:
         """Tests: while held, the ingest thread takes no work, so the next call that needs the state completes each
         deferred step itself."""
 
+    def set_ingest_delay(self, us: int) -> None:
+        """Tests: the ingest thread sleeps ``us`` microseconds before each queued row while it holds the drafter's
+        lock (as while it ingests), so that steps arrive during an ingest; 0: off."""
+
     def ingest_queued_tokens(self) -> int:
         """Tokens (and started prompts' tokens) queued for the ingest thread now; completes nothing (tests)."""
 
@@ -189,7 +193,7 @@ class Drafter:
         index (``index_problems``, ``index_tokens``, ``index_sequences``, ``index_states``, ``index_bytes``,
         ``global_tokens``, ``global_bytes``), history builds (``pending_updates``, ``update_builds``,
         ``update_errors``, ``update_seconds``), and deferred ingest (``deferred_steps``, ``caller_ingests``,
-        ``ingest_background_seconds``, ``ingest_last_seconds``, ``ingest_queued_tokens``)."""
+        ``ingest_waits``, ``ingest_background_seconds``, ``ingest_last_seconds``, ``ingest_queued_tokens``)."""
 
     def acceptance_totals(self) -> tuple[int, int, int]:
         """``(verified_drafts, verified_tokens, accepted_tokens)`` since creation."""

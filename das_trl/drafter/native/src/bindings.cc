@@ -219,6 +219,7 @@ NB_MODULE(_das_native, m) {
              d.flush();
            })
       .def("hold_ingest", &das::Drafter::hold_ingest, "hold"_a, nb::call_guard<nb::gil_scoped_release>())
+      .def("set_ingest_delay", &das::Drafter::set_ingest_delay, "us"_a, nb::call_guard<nb::gil_scoped_release>())
       .def("ingest_queued_tokens",
            [](das::Drafter& d) {
              nb::gil_scoped_release nogil;
@@ -295,6 +296,7 @@ NB_MODULE(_das_native, m) {
              out["calibration_tokens"] = d.calibration_tokens();
              out["deferred_steps"] = g.deferred_steps;
              out["caller_ingests"] = g.caller_ingests;
+             out["ingest_waits"] = g.waits;
              out["ingest_background_seconds"] = g.background_seconds;
              out["ingest_last_seconds"] = g.last_seconds;
              out["ingest_background_cpu_seconds"] = g.background_cpu_seconds;

@@ -141,6 +141,7 @@ void Drafter::ingest_loop() {
     if (ingest_stop_) return;
     const auto t0 = std::chrono::steady_clock::now();
     const double c0 = thread_cpu_seconds();
+    ingesting_.store(true, std::memory_order_relaxed);
     try {
       ingest_deferred_locked(true);
     } catch (...) {  // std::bad_alloc: the next caller that needs the state raises it
@@ -148,6 +149,7 @@ void Drafter::ingest_loop() {
       defer_rows_.clear();
       defer_tokens_.clear();
     }
+    ingesting_.store(false, std::memory_order_relaxed);
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ingest_.background_seconds += dt;
     ingest_.last_seconds = dt;
@@ -159,6 +161,8 @@ void Drafter::ingest_deferred_locked(bool background) {
   const size_t m = defer_rows_.size();
   behind_.clear();
   for (size_t j = 0; j < m; ++j) {
+    if (background && ingest_delay_us_ > 0)  // tests: a slow ingest, so that callers arrive while it runs
+      std::this_thread::sleep_for(std::chrono::microseconds(ingest_delay_us_));
     if (j + 2 < m) prefetch_row(reqs_[defer_rows_[j + 2].slot], nullptr, nullptr);
     const Deferred& d = defer_rows_[j];
     Request& r = reqs_[d.slot];
@@ -230,6 +234,11 @@ Drafter::Lock Drafter::lock_synced() const {
 }
 
 void Drafter::flush() { lock_synced(); }
+
+void Drafter::set_ingest_delay(int64_t us) {
+  std::lock_guard<std::mutex> lk(mu_);
+  ingest_delay_us_ = std::max<int64_t>(us, 0);
+}
 
 void Drafter::hold_ingest(bool hold) {
   {
@@ -661,7 +670,9 @@ void Drafter::step(const int32_t* matrix, int64_t rows_in_matrix, int64_t row_le
                    const int32_t* num_sampled, const int32_t* num_verified, const int32_t* budgets, int64_t n,
                    int32_t* tokens, double* accept, int32_t* lengths, int8_t* source, int32_t* match_len,
                    int fill_idle, bool release) {
+  const bool busy = ingesting_.load(std::memory_order_relaxed);  // the thread is at work: this waits for it
   Lock lk(mu_);
+  if (busy) ++ingest_.waits;
   bool drafting = false;
   for (int64_t i = 0; i < n; ++i) {  // validate every row before changing any state
     req(slots[i]);

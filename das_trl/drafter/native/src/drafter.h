@@ -29,6 +29,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -70,7 +71,7 @@ struct DrafterConfig {
   bool background_ingest = true;    // steps where no row drafts leave their tokens to the ingest thread
   bool defer_idle_rows = true;      // ... and drafting steps their rows without a budget
   bool defer_shared_ingest = false;  // ... and all but their drafting rows' own text (see the top)
-  int late_groups = 3;               // with it, the shared automata read one step late: 1 siblings, 2 batch, 3 both
+  int late_groups = 2;               // with it, the shared automata read one step late: 1 siblings, 2 batch, 3 both
   void validate() const;
 };
 
@@ -130,6 +131,9 @@ class Drafter {
   // Tests: while held, the ingest thread takes no work, so each deferred step is completed by the next call that
   // needs the state (the path a caller takes when it comes before the thread).
   void hold_ingest(bool hold);
+  // Tests: the ingest thread sleeps this long before each queued row (holding the lock, as it does while it
+  // ingests), so that steps arrive while an ingest is in progress; 0: off.
+  void set_ingest_delay(int64_t us);
   // Cuts each row's outstanding draft to lengths[i] tokens (what was really sent for verification).
   void trim(const int32_t* slots, const int32_t* lengths, int64_t n);
   void release_finished(const std::vector<uint64_t>& problems);
@@ -147,9 +151,10 @@ class Drafter {
   Counters counters() const;
   // The deferred ingest: steps whose ingest was left to the thread, the deferred ingests a caller did itself (the
   // thread had not started: on the critical path), the thread's ingest time (steady clock, seconds) in all and in
-  // its last step, its CPU time in all (less than the steady time when it waited for a core), tokens waiting now.
+  // its last step, its CPU time in all (less than the steady time when it waited for a core), tokens waiting now,
+  // and the steps that found the thread ingesting and waited for it to finish.
   struct IngestStats {
-    int64_t deferred_steps = 0, caller_ingests = 0, queued_tokens = 0;
+    int64_t deferred_steps = 0, caller_ingests = 0, queued_tokens = 0, waits = 0;
     double background_seconds = 0.0, last_seconds = 0.0, background_cpu_seconds = 0.0;
   };
   IngestStats ingest_stats() const;
@@ -263,7 +268,9 @@ class Drafter {
   std::vector<int32_t> defer_tokens_;
   std::condition_variable ingest_cv_;
   bool ingest_stop_ = false, ingest_hold_ = false;
-  bool ingest_ready_ = false;  // the queued tokens are offered to the thread (step with release, release_ingest)
+  bool ingest_ready_ = false;
+  std::atomic<bool> ingesting_{false};  // the thread is ingesting (read without the lock: IngestStats::waits)
+  int64_t ingest_delay_us_ = 0;  // the queued tokens are offered to the thread (step with release, release_ingest)
   std::exception_ptr ingest_error_;
   IngestStats ingest_;
   std::thread ingest_thread_;  // last member: started when every other member exists

@@ -94,8 +94,8 @@ void speculate(const A& a, int32_t v, int ell, int budget, const SpecParams& p, 
         continue;
       }
       const float p1 = 1.0f * (static_cast<float>(a.cnt(n1)) / static_cast<float>(a.cnt(s) + own_end));
-      float most = 0.0f;
-      for (int j = 0; j < need; ++j) most += p1;
+      // need x p1, raised past the float sum of need copies of p1 (relative rounding error < need x 2^-24)
+      const float most = p1 * static_cast<float>(need) * 1.00001f;
       if (most <= out.score) {
         hi = lo - 1;
         continue;
