@@ -14,8 +14,9 @@ the same object from recorded rollouts, so the replay measures exactly the calls
    (:func:`~das_trl.budget.gate.draft_caps`: no longer than its estimates can pay for, within the hard cap
    ``num_speculative_tokens`` and the model length).
 4. **Cut** (:meth:`BudgetController.cut`): keep, per drafted row, the tokens that pay, and never more tokens in the
-   step than the engine schedules (``max_step_tokens``: vLLM's ``max_num_batched_tokens``); the drafter is told what
-   was really sent (``trim``) so verification is accounted against the cut length.
+   step than the engine schedules (``max_step_tokens``: vLLM's scheduler token budget) or its memory profile covers
+   (``max_step_drafts`` / ``max_draft_len``: :mod:`das_trl.vllm.verification_profile`); the drafter is told what was
+   really sent (``trim``) so verification is accounted against the cut length.
 
 The per-request records and the bookkeeping around plan and cut (verification, the gate's acceptance predictor, the
 cut of the output, the drafter's trim) live in a request book (:mod:`das_trl.vllm.request_book`): in the drafter's
