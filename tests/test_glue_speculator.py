@@ -165,3 +165,19 @@ def test_int32_array_rejects_floats_that_are_not_whole_numbers():
     for bad in (np.array([1.0, np.nan]), np.array([9.7]), np.array([np.inf, 1.0])):
         with pytest.raises(ValueError, match="x must hold integers"):
             int32_array(bad, "x")
+
+
+@pytest.mark.parametrize("source", ["config", "measured"])
+def test_speculator_times_its_steps_for_the_gate_only_when_asked(source):
+    """draft_row_source="measured": every Speculator.step (quiet ones too) reports its rows, drafted rows and CPU to
+    the controller's fit; with the configured price (default) no step is timed."""
+    from das_trl.budget import ControllerConfig
+
+    ctl = BudgetController(ControllerConfig(draft_row_source=source))
+    spec = speculator_mod.Speculator(_drafter(), ctl, 200)
+    for r in ("a", "b"):
+        spec.start(r, [1, 2, 3])
+    for length in range(6, 16):
+        matrix, rows, ntok, nprompt = _rows(2, length)
+        spec.step(["a", "b"], matrix, rows, ntok, nprompt, np.ones(2, np.int32))
+    assert ctl.proposer_fit.stats()["steps"] == (10 if source == "measured" else 0)

@@ -11,6 +11,7 @@ import numpy as np
 from .cost_model import CostModel, assumed_c_logprob_ms
 
 _COST_SOURCES = ("config", "online")
+_DRAFT_ROW_SOURCES = ("config", "measured")
 _BACKENDS = ("auto", "native", "python")
 
 
@@ -60,6 +61,11 @@ class ControllerConfig:
             the large-batch sets, of which the draft search and the row's own ingest ~20; docs/benchmarks.md, issue
             16); a faster host or more ``draft_threads`` lower it. 0: drafting is free (the controller before
             issue 16).
+        draft_row_source: where the gate's price per drafted row comes from: ``"config"`` (``draft_row_us``: the
+            same drafts on every run of the same rollouts) or ``"measured"`` (opt-in: the proposer's own CPU per
+            drafted row on this host, fitted from its step times while it runs,
+            :class:`~das_trl.budget.proposer_cost.ProposerCostFit`; ``draft_row_us`` until the fit answers).
+            Measured times differ run to run, and so do the drafts.
         gate_acceptance_prior / gate_prior_rounds: before drafting, a request's per-token acceptance is predicted
             from its own verified drafts with ``gate_prior_rounds`` pseudo-rounds at the engine-wide acceptance,
             which itself starts from ``gate_acceptance_prior`` (``das_trl.vllm.speculator``;
@@ -111,6 +117,7 @@ class ControllerConfig:
     fit_min_r2: float = 0.3
     backend: str = "auto"
     draft_row_us: float = 20.0
+    draft_row_source: str = "config"
     gate_acceptance_prior: float = 0.5
     gate_prior_rounds: float = 2.0
     replan_steps: int = 8
@@ -131,6 +138,8 @@ class ControllerConfig:
                 need(isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_)),
                      f"{f.name} must be a number, got {v!r}")
         CostModel(self.c_base_ms, self.c_tok_ms, self.logprob_ms, self.verification_shape)  # validates all four
+        need(self.draft_row_source in _DRAFT_ROW_SOURCES, f"draft_row_source must be one of {_DRAFT_ROW_SOURCES}, "
+                                                          f"got {self.draft_row_source!r}")
         need(self.cost_source in _COST_SOURCES, f"cost_source must be one of {_COST_SOURCES}, got "
                                                 f"{self.cost_source!r}")
         for name in ("num_samples", "history_lengths", "min_remaining", "fit_window", "fit_min_steps"):

@@ -19,6 +19,7 @@ from .cost_model import CostModel, OnlineCostFit
 from .draft_lengths import optimal_draft_lengths
 from .gate import MAX_CAP, MIN_SEND, draft_caps, gate_rows
 from .length_table import LengthTable
+from .proposer_cost import ProposerCostFit
 from .remaining import TAU_PSEUDO_ROUNDS, remaining_samples, stratified_draws, tau_quantiles, tau_samples
 from .step_cap import apply_step_cap, cap_longest_draft
 from .tail import survival, tail_probability
@@ -100,6 +101,8 @@ class BudgetController:
         # kernels' settings (only "ratio" / "c_base_ms" / "c_tok_ms" are set per call; the kernel reads the dict during
         # the call only), and buffers sliced per batch size.
         self._online = cfg.cost_source == "online"
+        self._measured_rows = cfg.draft_row_source == "measured"
+        self.proposer_fit = ProposerCostFit()
         self._kernels: dict[str, object] = {}
         shared = {"draft_margin": cfg.draft_margin, "pooled_weight": cfg.pooled_weight,
                   "length_jitter": cfg.length_jitter, "extrapolation_fraction": cfg.extrapolation_fraction,
@@ -138,6 +141,21 @@ class BudgetController:
     def observe_step(self, tokens: int, ms: float) -> None:
         """One engine step's tokens and duration (ms), for ``cost_source="online"``."""
         self.fit.add(tokens, ms)
+
+    def observe_proposer(self, rows: int, drafted: int, seconds: float) -> None:
+        """The proposer's CPU for one engine step (seconds of its thread) with ``rows`` rows, ``drafted`` of them
+        drafted, for ``draft_row_source="measured"`` (:attr:`draft_row_us`)."""
+        self.proposer_fit.add(rows, drafted, seconds)
+
+    @property
+    def draft_row_us(self) -> float:
+        """The price per drafted row the gate charges now (microseconds): ``draft_row_us`` of the config, or with
+        ``draft_row_source="measured"`` the proposer's measured CPU per drafted row once its fit answers."""
+        if self._measured_rows:
+            measured = self.proposer_fit.estimate_us()
+            if measured is not None:
+                return measured
+        return self.config.draft_row_us
 
     def observe_acceptance(self, expected: float, accepted: int) -> None:
         """How a kept draft fared: ``expected`` = its entry of :attr:`last_expected_kept` (the estimates of the
@@ -356,7 +374,7 @@ class BudgetController:
             p = (1.0 - w) * p
             p += w / n
             weight = cost.c_base_ms * p
-            row_ms = cfg.draft_row_us / 1000.0
+            row_ms = self.draft_row_us / 1000.0
             if snd is not None:  # the row's CPU per draft that survives the cut
                 row_ms = row_ms / np.maximum(snd, MIN_SEND)
             qq = self._prior[:n] if q is None else q
@@ -423,6 +441,8 @@ class BudgetController:
         params["ratio"] = ratio
         if self._online:
             params["c_base_ms"], params["c_tok_ms"] = cost.c_base_ms, cost.token_ms
+        if self._measured_rows:
+            params["draft_row_ms"] = self.draft_row_us / 1000.0
         draft, weight, p, budget = np.empty(n, bool), np.empty(n), np.empty(n), np.empty(n, np.int32)
         makespan, drafted, tails = kernel(
             out_len, empty if r is None else r, empty if mo is None else mo, caps, self._prior[:n] if q is None else q,
@@ -780,7 +800,9 @@ class BudgetController:
         consecutive recomputations drafted nothing, see ``quiet_replan_max_steps``), ``c_base_ms`` / ``c_tok_ms`` /
         ``c_logprob_ms`` (the cost model in use), ``cost_online`` (1 when it is the online fit), ``fit_steps``,
         ``fit_c_base_ms`` / ``fit_c_tok_ms`` / ``fit_r2`` (the online fit, nan until computable),
-        ``expected_makespan_rounds`` (last step), ``problems`` (with lengths)."""
+        ``expected_makespan_rounds`` (last step), ``problems`` (with lengths), ``draft_row_us`` (the gate's price
+        per drafted row now) and ``fit_draft_row_us`` (the proposer's measured CPU per drafted row, nan until
+        computable; the price only with ``draft_row_source="measured"``)."""
         cost = self.cost
         fit = self.fit.stats()
         out: dict = dict(self._counters)
@@ -789,6 +811,7 @@ class BudgetController:
                    fit_c_base_ms=_finite(fit["c_base_ms"]), fit_c_tok_ms=_finite(fit["c_tok_ms"]),
                    fit_r2=_finite(fit["r2"]), expected_makespan_rounds=self.last_expected_makespan,
                    acceptance_ratio=self.acceptance_ratio, replan_interval=self._replan_interval,
+                   draft_row_us=self.draft_row_us, fit_draft_row_us=_finite(self.proposer_fit.stats()["c_us"]),
                    problems=len(self.lengths))
         return out
 

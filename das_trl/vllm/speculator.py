@@ -27,6 +27,7 @@ rebuilt only when the batch's request list changed. Not thread-safe (vLLM calls 
 
 from __future__ import annotations
 
+import time
 from typing import Any, Sequence
 
 import numpy as np
@@ -112,6 +113,7 @@ class Speculator:
         """Use another budget controller from the next step on (tracked requests keep their records)."""
         self.controller = controller
         cfg = controller.config
+        self._measure_rows = cfg.draft_row_source == "measured"
         self._book.set_prior(cfg.gate_acceptance_prior, cfg.gate_prior_rounds, cfg.gate_send_rounds)
 
     @property
@@ -233,9 +235,14 @@ class Speculator:
         num_sampled = int32_array(num_sampled, "num_sampled", n)
         verified = self._filled(-1, n) if num_verified is None else int32_array(num_verified, "num_verified", n)
         book = self._book
+        # the proposer's CPU per drafted row, measured only when the gate prices it so (draft_row_source="measured")
+        t0 = time.thread_time() if self._measure_rows else None
         in_flight = book.begin(slots)
         if n and self._silent and not in_flight and self.controller.quiet_step(slots, same_rows):
-            return self._quiet_step(req_ids, slots, token_matrix, rows, num_tokens, num_prompt, num_sampled, verified)
+            out = self._quiet_step(req_ids, slots, token_matrix, rows, num_tokens, num_prompt, num_sampled, verified)
+            if t0 is not None:
+                self.controller.observe_proposer(n, 0, time.thread_time() - t0)
+            return out
         k = self.drafter.config.max_spec_tokens
         inputs, observed = book.prepare(slots, num_sampled, verified, num_tokens, num_prompt, self.max_model_len, k)
         ctl = self.controller
@@ -282,6 +289,8 @@ class Speculator:
         if len(kept):  # the most draft tokens one step verified, and one row
             c["peak_step_drafts"] = max(c["peak_step_drafts"], draft_tokens)
             c["peak_draft_len"] = max(c["peak_draft_len"], int(kept.max()))
+        if t0 is not None:
+            ctl.observe_proposer(n, planned, time.thread_time() - t0)
         return out
 
     def _draft_room(self, n: int) -> int | None:
