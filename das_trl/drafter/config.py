@@ -114,12 +114,13 @@ class DrafterConfig:
             a second thread only competes with the engine's). vLLM runs the drafter synchronously, so a GPU
             engine's CPU threads are idle meanwhile; drafts are the same for any value.
         background_ingest: in an engine step where no row drafts (every budget <= 0), copy the rows' new tokens
-            and append them to the request, sibling and batch automata on a native thread while the engine runs its
-            forward pass, instead of before ``step`` returns (``native`` backend; the reference ignores it). Any
-            call that needs the automata (a drafting step, ``propose_batch``, ``start_request``,
-            ``extend_request``, ``stop_request``, ``trim``, ``record_acceptance``, ``stats``, ``check``,
-            ``add_rollouts``) completes that work first, so drafts, counters and stats are the same either way;
-            the copy holds at most one step's new tokens. False: every step ingests before it returns.
+            into a queue and append them to the request, sibling and batch automata on a native thread while the
+            engine runs its forward pass, instead of before ``step`` returns (``native`` backend; the reference
+            ignores it); a started request's prompt is queued the same way. Such a step does not wait for what
+            earlier steps queued. Any call that needs the automata (a drafting step, ``propose_batch``,
+            ``extend_request``, ``stop_request``, ``record_acceptance``, ``stats``, ``check``, ``add_rollouts``)
+            completes the queue first, so drafts, counters and stats are the same either way. False: every step
+            (and ``start_request``) ingests before it returns.
         defer_idle_rows: with ``background_ingest``, a step in which some rows draft also leaves the new tokens of
             the rows without a budget to the ingest thread, and ingests only the drafting rows' tokens before it
             drafts (``native`` backend). A drafting row's own text is always up to date; the sibling and batch

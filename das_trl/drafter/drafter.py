@@ -306,12 +306,13 @@ class NativeDASDrafter:
         than the drafter has seen (preemption) or whose prompt length changed starts over from its prompt.
 
         Cost: a row with ``max_tokens[i] <= 0`` gets "no draft" (length 0, source -1, match length 0) and no drafting
-        work. When no row drafts and ``config.background_ingest`` is on, the new tokens are copied (at most one
-        step's tokens are held) and appended to the automata by the ingest thread while the engine runs its forward
-        pass: the call costs the validation, the reports and that copy. In a drafting step the drafting rows' new
-        tokens are appended before the drafts are made (a previous step's deferred tokens first), and with
-        ``config.defer_idle_rows`` the other rows' are left to the thread (the shared automata see them one step
-        later); without it every row's are appended first, and drafts equal the synchronous path's.
+        work. When no row drafts and ``config.background_ingest`` is on, the new tokens are queued (behind what
+        earlier steps queued, without waiting for it) and appended to the automata by the ingest thread while the
+        engine runs its forward pass: the call costs the validation, the reports and that copy. In a drafting step
+        everything queued is completed first, then the drafting rows' new tokens are appended before the drafts are
+        made, and with ``config.defer_idle_rows`` the other rows' are left to the thread (the shared automata see
+        them one step later; with ``config.defer_shared_ingest`` so does the batch automaton the drafting rows'
+        own); without it every row's are appended first, and drafts equal the synchronous path's.
 
         Args:
             slots: ``int32 [n]`` active slots.
@@ -440,7 +441,8 @@ class NativeDASDrafter:
         * ``ingest_background_seconds`` / ``ingest_last_seconds``: the thread's ingest time (steady clock) in all /
           in its last step; ``ingest_background_cpu_seconds``: its CPU time in all (less than the steady time when
           the thread waited for a core);
-        * ``ingest_queued_tokens``: tokens waiting for the thread when stats was called (at most one step's).
+        * ``ingest_queued_tokens``: tokens (and started prompts' tokens) waiting for the thread when stats was
+          called (what was queued since the queue was last completed).
 
         The live figures are read after any deferred ingest is complete."""
         with self._lock:
