@@ -255,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--row-tokens", type=int, default=600, help="prompt + completion tokens per drafting row")
     parser.add_argument("--late-tokens", type=int, default=300, help="tokens per late prompt")
     parser.add_argument("--warm", type=int, default=4, help="output tokens every row has when the arrivals come")
+    parser.add_argument("--short", action="store_true",
+                        help="plain-text row and burst prompts of ~10 tokens instead of chat prompts (the test's case: "
+                             "--short --row-tokens 96 --warm 2)")
     parser.add_argument("--json", default=None, help="also write the figures to this JSON file")
     parser.add_argument("--scheduler-cost", action="store_true",
                         help="only print the scheduler's own CPU time per step (no engine)")
@@ -266,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     from das_trl.bench.live.engine import shutdown_engine
 
     model_path = prepare_default_model()
-    prompts = scenario_prompts(model_path, args.late_tokens)
+    prompts = scenario_prompts(model_path, args.late_tokens, short=args.short)
     plain = make_engine(model_path)
     try:
         completions = reference_rows(plain, prompts["rows"], args.row_tokens)
