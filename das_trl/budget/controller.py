@@ -591,7 +591,8 @@ class BudgetController:
         """The cut's kept lengths cut to the longest draft that pays for vLLM's padded logprob path
         (:func:`cap_longest_draft`; ``capped`` itself when nothing is cut), and the padding's price against the kept
         drafts' expected saving counted (``padding_ms``, ``padding_over_saving_steps``: the saving is the kept
-        positions' ``useful x value - token_ms``, the padding ``c_logprob x (rows x longest - kept tokens)``)."""
+        positions' ``max(useful x value - token_ms, 0)``, as the cap counts it, the padding ``c_logprob x (rows x
+        longest - kept tokens)``)."""
         shorter = cap_longest_draft(useful, capped, value, cost.token_ms, cost.c_logprob_ms, num_rows)
         c = self._counters
         c["padding_cut_steps"] += int(shorter is not capped)
@@ -599,7 +600,7 @@ class BudgetController:
         if longest:
             padding = cost.c_logprob_ms * (num_rows * longest - int(shorter.sum()))
             kept = np.arange(useful.shape[1])[None, :] < shorter[:, None]
-            saving = float(np.where(kept, useful * value[:, None] - cost.token_ms, 0.0).sum())
+            saving = float(np.where(kept, np.maximum(useful * value[:, None] - cost.token_ms, 0.0), 0.0).sum())
             c["padding_ms"] += padding
             c["padding_over_saving_steps"] += int(padding > saving + 1e-12)
         return shorter

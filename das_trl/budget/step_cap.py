@@ -76,10 +76,12 @@ def cap_longest_draft(useful: np.ndarray, lengths: np.ndarray, value_ms: np.ndar
     rows for a step whose longest draft is ``L``. With each verified position already charged ``token_ms`` (its
     forward share and its own row), the padding costs ``c_logprob_ms x (num_rows x L - sum_i min(len_i, L))`` more,
     so raising ``L`` by one costs ``c_logprob_ms`` for every row that does not draft that far. Position ``j`` of row
-    ``i`` is worth ``useful[i, j] x value_ms[i] - token_ms`` (its expected saving net of its own verification, as
-    :func:`apply_step_cap`); ``L`` maximises the sum over the kept positions minus the padding, ties going to the
-    longer ``L``. So the kept drafts' expected saving is never below their padding (``L = 0`` costs and saves
-    nothing), and nothing is cut when ``c_logprob_ms`` is 0.
+    ``i`` is worth ``max(useful[i, j] x value_ms[i] - token_ms, 0)`` (its expected saving net of its own
+    verification, as :func:`apply_step_cap`; a kept position whose linear gain is below 0, which the cut's cost per
+    token of progress may keep at the end of a draft, counts as 0: keeping it is the cut's decision, and only the
+    padding cuts here); ``L`` maximises the sum over the kept positions minus the padding, ties going to the longer
+    ``L``. So the kept drafts' expected saving is never below their padding (``L = 0`` costs and saves nothing), and
+    nothing is cut where there is no padding (one row, or every row drafting ``L``) or ``c_logprob_ms`` is 0.
 
     Args:
         useful: ``float64 [m, K]`` per-position acceptance estimates of the drafted rows (non-increasing).
@@ -96,7 +98,7 @@ def cap_longest_draft(useful: np.ndarray, lengths: np.ndarray, value_ms: np.ndar
     if top == 0 or c_logprob_ms <= 0:
         return lengths
     reach = np.arange(top)[None, :] < lengths[:, None]              # [m, top] position kept before the cap
-    gain = useful[:, :top] * np.asarray(value_ms)[:, None] - token_ms + c_logprob_ms
+    gain = np.maximum(useful[:, :top] * np.asarray(value_ms)[:, None] - token_ms, 0.0) + c_logprob_ms
     # raising the cap from l to l + 1: the gains of position l of the rows that reach it, minus a logprob row for
     # every row of the step (the rows reaching it got theirs back above: each was charged in token_ms already)
     step_gain = np.where(reach, gain, 0.0).sum(axis=0) - c_logprob_ms * num_rows

@@ -36,12 +36,12 @@ def test_random_caps_hold(seed):
 
 
 def _brute_force_longest(useful, lengths, value, token_ms, c_logprob_ms, num_rows):
-    """max over L of (kept positions' gains) - c_logprob x (num_rows x L - kept positions): every L tried, the
-    longest of equals kept."""
+    """max over L of (kept positions' gains, none below 0) - c_logprob x (num_rows x L - kept positions): every L
+    tried, the longest of equals kept."""
     best, best_len = -np.inf, 0
     for cap in range(int(lengths.max()) + 1):
         kept = np.minimum(lengths, cap)
-        gains = sum(float((useful[i, :kept[i]] * value[i] - token_ms).sum()) for i in range(len(lengths)))
+        gains = sum(float(np.maximum(useful[i, :kept[i]] * value[i] - token_ms, 0).sum()) for i in range(len(lengths)))
         total = gains - c_logprob_ms * (num_rows * cap - int(kept.sum()))
         if total >= best - 1e-12:
             best, best_len = max(total, best), cap
@@ -61,7 +61,7 @@ def test_cap_longest_draft_maximises_the_step_s_net_gain(seed):
         assert (got <= lengths).all()
         # the kept drafts' expected saving pays for their padding
         kept = np.arange(k)[None, :] < got[:, None]
-        saving = float(np.where(kept, useful * value[:, None] - 0.026, 0.0).sum())
+        saving = float(np.where(kept, np.maximum(useful * value[:, None] - 0.026, 0.0), 0.0).sum())
         assert saving >= c_logprob * (rows * int(got.max(initial=0)) - int(got.sum())) - 1e-9
 
 
@@ -74,3 +74,5 @@ def test_cap_longest_draft_keeps_a_long_tail_draft_in_a_small_batch_and_cuts_it_
     assert small[0] == max(j + 1 for j in range(40) if 0.5 * 0.9 ** (j + 1) - 0.026 - 0.001 * 7 > 0)
     assert large[0] == 0  # 0.511 ms of padding per position: more than the first position's 0.45 ms saving
     assert cap_longest_draft(useful, lengths, value, 0.026, 0.0, 512)[0] == 40  # free logprobs: nothing cut
+    # no padding (one row): a position that does not pay for its own verification is the cut's business
+    assert cap_longest_draft(useful, lengths, np.array([0.01]), 0.026, 0.001, 1)[0] == 40
