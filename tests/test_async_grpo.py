@@ -43,12 +43,12 @@ def test_cpu_tree_attention_scores_like_separate_forwards(model_path):
                    shift_labels=packed["shift_labels"][None], fused_lm_head=True, **kwargs)
     got = out.log_probs.flatten()[packed["token_index"]]
 
-    plain = AutoModelForCausalLM.from_pretrained(model_path, attn_implementation="sdpa", dtype=torch.float32)
+    tree.set_attn_implementation("sdpa")  # the same weights, plain causal attention, one sample at a time
     expected = []
     with torch.no_grad():
         for sample in samples:
             ids = torch.as_tensor(sample["input_ids"])
-            logp = torch.log_softmax(plain(input_ids=ids[None]).logits[0].float(), dim=-1)
+            logp = torch.log_softmax(tree(input_ids=ids[None]).logits[0].float(), dim=-1)
             expected += [logp[p - 1, ids[p]] for p in range(1, len(ids)) if sample["completion_mask"][p]]
     assert len(got) == len(expected) == 12
     torch.testing.assert_close(got, torch.stack(expected), atol=2e-4, rtol=0)
