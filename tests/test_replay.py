@@ -375,3 +375,24 @@ def test_admission_lets_waiting_prompts_in_before_drafts():
     assert das.time_at(7.0, 0.025) < none.time_at(7.0, 0.025)
     with pytest.raises(ValueError, match="max_num_seqs"):
         simulation.Admission(token_budget=16, max_num_seqs=32)
+
+
+def test_the_profiled_verification_limits_hold_in_the_replay():
+    """With a GPU engine's profiled limits (N = min(rows, budget) draft tokens per step; N / N = 1 per row where the
+    logprob path is padded) the default drafter never verifies more, and sends the same tokens."""
+    rng = np.random.default_rng(2)
+    prompts = [rng.integers(1, 5000, 24).tolist() for _ in range(4)]
+    long_text = rng.integers(1, 5000, 200).tolist()
+    train = [_one_long_predictable_row(rng, prompts, e, long_text) for e in range(2)]
+    evals = _one_long_predictable_row(rng, prompts, 2, long_text)
+    for shape, per_row in (("patched", None), ("padded", 1)):
+        limits = simulation.profiled_limits(len(evals), 8192, shape)
+        assert limits.draft_tokens == len(evals) == 16 and limits.longest_draft == per_row
+        cc = drafters.controller_config(7.0, 0.025, None, 0.001, shape)
+        free = simulation.simulate(drafters.make_drafter("das+controller", controller_config=cc), train, evals,
+                                   verification_shape=shape)
+        held = simulation.simulate(drafters.make_drafter("das+controller", controller_config=cc), train, evals,
+                                   verification_shape=shape, limits=limits)
+        assert max(free.step_drafts) > 16 or max(free.step_longest) > (per_row or 64)  # the limit binds
+        assert max(held.step_drafts) <= 16 and max(held.step_longest) <= (per_row or 64)
+        assert held.tokens == free.tokens and held.draft_tokens < free.draft_tokens

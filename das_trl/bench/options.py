@@ -141,6 +141,10 @@ def add_engine_args(p: argparse.ArgumentParser, shapes: bool = False) -> None:
                         "requests decode from step 0, prompts free)")
     g.add_argument("--max-num-seqs", type=_positive_int, default=None,
                    help="with --admission: most requests in the engine at once (default: the whole batch)")
+    g.add_argument("--verify-limit", type=_verify_limit, default=None,
+                   help="the GPU engine's profiled verification shape: 'profile' (at most N = min(rows, "
+                        "max_num_batched_tokens) draft tokens per step, N / N = 1 per row on the padded shape: a GPU "
+                        "engine's default) or a number (DAS_TRL_VERIFY_DRAFT_TOKENS); default: none (the CPU build's)")
     g.add_argument("--no-prefix-cache", action="store_true",
                    help="with --admission: every prompt is computed in full (default: a problem's later prompts hit "
                         "vLLM's prefix cache)")
@@ -165,6 +169,31 @@ def admission_for(args: argparse.Namespace, num_requests: int):
     if args.max_num_seqs is not None:
         adm = Admission(adm.token_budget, args.max_num_seqs, prefix)
     return adm
+
+
+def limits_for(args: argparse.Namespace, num_requests: int, shape: str):
+    """The profiled verification limits ``--verify-limit`` asks for, for a batch of ``num_requests`` on the
+    ``shape`` path (``None``: off): the engine's rows and token budget from ``--admission`` / ``--max-num-seqs``, else
+    the batch and das-trl's GPU default budget
+    (:func:`~das_trl.bench.simulation.profiled_limits`)."""
+    from das_trl.bench.simulation import Admission
+
+    if args.verify_limit is None:
+        return None
+    adm = admission_for(args, num_requests) or Admission.trainer_default(num_requests)
+    if args.max_num_seqs is not None:
+        adm = Admission(adm.token_budget, args.max_num_seqs)
+    return adm.verification_limits(shape, None if args.verify_limit == "profile" else args.verify_limit)
+
+
+def _verify_limit(text: str) -> int | str:
+    if text.strip() == "profile":
+        return "profile"
+    try:
+        return _positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"'profile' or a number of draft tokens per step (>= 1), got "
+                                         f"{text!r}") from None
 
 
 def _shapes(text: str) -> list[str]:

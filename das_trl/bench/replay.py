@@ -36,7 +36,7 @@ CLI::
     python -m das_trl.bench.replay --rollouts FILE [--train-epochs 0,1,2] [--eval-epoch 3]
         [--drafters none,ngram,suffix,das+policy] [--json OUT] [--plots DIR]
         [--host-speed 1] [--draft-threads N] [--async-off-ms 0] [--c-logprob MS] [--verification-shape padded]
-        [--admission trainer|TOKENS] [--max-num-seqs N] [--no-prefix-cache]
+        [--admission trainer|TOKENS] [--max-num-seqs N] [--no-prefix-cache] [--verify-limit profile|TOKENS]
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ from das_trl.drafter import DrafterConfig
 
 from das_trl.bench.drafters import ALL_DRAFTERS, DEFAULT_DRAFTERS, controller_config, make_drafter
 from das_trl.bench.drafters.suffix import SUFFIX_DEFAULTS
-from das_trl.bench.options import add_cpu_args, add_engine_args, admission_for, epoch_list, json_overrides, ngram_spec
+from das_trl.bench.options import (add_cpu_args, add_engine_args, admission_for, epoch_list, json_overrides,
+                                  limits_for, ngram_spec)
 from das_trl.bench.report import format_table, format_tiers, write_plots, write_replay_json
 from das_trl.bench.sets import load_epochs, split_epochs
 from das_trl.bench.simulation import Bounds, simulate
@@ -124,10 +125,11 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"+ {args.c_logprob} ms per logprob row ({shape})")
     admission = admission_for(args, len(evals))
     price = dict(c_logprob=args.c_logprob, verification_shape=shape)
+    limits = limits_for(args, len(evals), shape)
     results = []
     for name in names:
         res = simulate(make_drafter(name, ngram, pc, das_ov, cc, args.draft_threads), train, evals, args.c_base,
-                       args.c_tok, warmup=not args.no_warmup, admission=admission, **price)
+                       args.c_tok, warmup=not args.no_warmup, admission=admission, limits=limits, **price)
         results.append(res)
     # oracle-trim cuts das+siblings' drafts: replayed for the bound when it is not among the drafters. The bounds
     # have no prefill: none with --admission.
@@ -147,7 +149,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                       "das_config_overrides": das_ov, "controller": cc.to_dict(),
                                       "suffix": SUFFIX_DEFAULTS, "draft_threads": args.draft_threads or 1,
                                       "c_logprob_ms": args.c_logprob, "verification_shape": shape,
-                                      "admission": None if admission is None else dataclasses.asdict(admission)},
+                                      "admission": None if admission is None else dataclasses.asdict(admission),
+                                      "verification_limits": None if limits is None else dataclasses.asdict(limits)},
                           results, args.c_base, args.c_tok, args.host_speed, args.async_off_ms, bounds)
         print(f"wrote {args.json}")
     if args.plots:

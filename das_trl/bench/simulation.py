@@ -39,6 +39,11 @@ in the engine; a prompt whose problem was prefilled in an earlier step is a pref
 partial block), and only then drafts, cut far positions first (the drafter is told what was scheduled). A request
 emits its first token in the step its prefill completes and is drafted from the next one.
 
+**The profiled verification shape** (:func:`profiled_limits`; off by default): a GPU engine verifies at most as many
+draft tokens per step as vLLM's memory profile sampled rows, and, where the logprob path is padded, drafts at most
+that / rows tokens per row (``das_trl.vllm.verification_profile``); the default drafter's Speculator enforces them as
+the proposer does.
+
 Bounds (:class:`Bounds`): ``oracle-trim`` (``das+siblings``' drafts, made to the hard cap every step, each cut to
 exactly its accepted tokens: no waste, no CPU) and ``oracle-text`` (the true continuation at the draft cap K:
 each round emits ``min(K + 1, remaining)`` tokens; analytic; no CPU).
@@ -137,10 +142,29 @@ class Admission:
 
         return cls(default_max_num_batched_tokens(k, num_requests, cpu=False), max(1, num_requests), **kw)
 
+    def verification_limits(self, shape: str, draft_tokens: int | None = None):
+        """The verification limits of a GPU engine of this size (:func:`profiled_limits`)."""
+        return profiled_limits(self.max_num_seqs or self.token_budget, self.token_budget, shape, draft_tokens)
+
     def cached_prompt(self, prompt_len: int) -> int:
         """Prompt tokens a prefix-cache hit skips: its full blocks but the last token's (vLLM recomputes at least the
         last prompt token)."""
         return (max(prompt_len - 1, 0) // self.block_size) * self.block_size if self.prefix_cache else 0
+
+
+def profiled_limits(max_num_seqs: int, max_num_batched_tokens: int, shape: str, draft_tokens: int | None = None):
+    """What a GPU engine with these sizes lets one step verify
+    (:func:`das_trl.vllm.verification_profile.verification_limits`: ``N = min(max_num_seqs, max_num_batched_tokens)``
+    draft tokens per step, or ``draft_tokens`` as ``DAS_TRL_VERIFY_DRAFT_TOKENS`` sets it, and on the padded shape
+    that / ``N`` tokens per row): a ``VerificationLimits``."""
+    from types import SimpleNamespace
+
+    from das_trl.vllm.verification_profile import ENV_VAR, verification_limits
+
+    config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=int(max_num_seqs),
+                                                              max_num_batched_tokens=int(max_num_batched_tokens)))
+    return verification_limits(config, shape, cpu=False, environ={} if draft_tokens is None else
+                               {ENV_VAR: str(int(draft_tokens))})
 
 
 @dataclass
@@ -342,7 +366,8 @@ class Bounds:
 
 def simulate(drafter: Drafter, train_epochs: Sequence[list[RolloutRecord]], eval_records: list[RolloutRecord],
              c_base: float = 7.0, c_tok: float = 0.025, warmup: bool = True, c_logprob: float = 0.0,
-             verification_shape: str = "patched", admission: Admission | None = None) -> ReplayResult:
+             verification_shape: str = "patched", admission: Admission | None = None,
+             limits=None) -> ReplayResult:
     """Replay ``eval_records`` as one continuous batch after feeding ``train_epochs`` to ``drafter``.
 
     With ``warmup`` (and at least 2 history epochs) the drafter first serves the last history epoch, replayed the
@@ -353,7 +378,8 @@ def simulate(drafter: Drafter, train_epochs: Sequence[list[RolloutRecord]], eval
 
     ``c_logprob`` / ``verification_shape``: the price of the verification logprob rows (module docstring; 0: not
     charged); ``admission``: requests enter under the engine's token budget with their prompts' prefill (``None``:
-    all decoding from step 0, prompts free).
+    all decoding from step 0, prompts free); ``limits``: the engine's profiled verification limits
+    (:func:`profiled_limits`; ``None``: none).
 
     Raises:
         ValueError: an unknown ``verification_shape`` or a negative ``c_logprob``.
@@ -362,7 +388,9 @@ def simulate(drafter: Drafter, train_epochs: Sequence[list[RolloutRecord]], eval
         raise ValueError(f"simulate: verification_shape must be one of {VERIFICATION_SHAPES} and c_logprob >= 0, got "
                          f"{verification_shape!r}, {c_logprob}")
     price = (c_base, c_tok, float(c_logprob), verification_shape)
-    drafter.engine_limits(None if admission is None else admission.token_budget)
+    drafter.engine_limits(None if admission is None else admission.token_budget,
+                          None if limits is None else limits.draft_tokens,
+                          None if limits is None else limits.longest_draft)
     if warmup and len(train_epochs) >= 2:
         drafter.prepare(train_epochs[:-1])
         _replay_batch(drafter, train_epochs[-1], "warmup", price, admission)

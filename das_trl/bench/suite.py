@@ -36,7 +36,7 @@ CLI::
     das-trl bench suite --sets benchmarks/sets ../shared/realdata [--c-tok 0.005 0.025 0.1] [--c-base 7]
         [--drafters none,ngram,suffix,das+siblings,das+policy,das+controller] [--json OUT] [--plots DIR]
         [--cache DIR] [--host-speed 1] [--draft-threads N] [--async-off-ms 0] [--c-logprob MS]
-        [--shapes patched,padded] [--admission trainer|TOKENS]
+        [--shapes patched,padded] [--admission trainer|TOKENS] [--verify-limit profile|TOKENS]
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from das_trl.bench.drafters import ALL_DRAFTERS, COST_AWARE, controller_config, make_drafter
-from das_trl.bench.options import add_cpu_args, add_engine_args, admission_for, json_overrides
+from das_trl.bench.options import add_cpu_args, add_engine_args, admission_for, json_overrides, limits_for
 from das_trl.bench.point import Point
 from das_trl.bench.reliability import format_reliability, write_reliability_plot
 from das_trl.bench.report import DEFAULT, format_point, format_summary, format_table, write_plot, write_suite_json
@@ -87,8 +87,8 @@ def _cache_file(cache: Path, path: Path, eval_epoch: int, drafter: str, das_over
 def run_point(path: Path, epochs: dict, eval_epoch: int, drafters: Sequence[str], c_base: float,
               c_toks: Sequence[float], das_overrides: dict, controller_overrides: dict, warmup: bool = True,
               cache: Path | None = None, draft_threads: int | None = None, c_logprob: float = 0.0,
-              shapes: Sequence[str] = ("patched",), admission: Callable[[int], Admission | None] | None = None
-              ) -> Point:
+              shapes: Sequence[str] = ("patched",), admission: Callable[[int], Admission | None] | None = None,
+              limits: Callable[[int, str], object] | None = None) -> Point:
     """Replay one appearance of one file with every drafter under every cost model, and its bounds (``oracle-trim``
     needs ``das+siblings``: replayed for it when not among ``drafters``). With ``cache``, results of
     cost-independent drafters are read from / written to that folder (they depend only on the data, the drafter
@@ -97,7 +97,9 @@ def run_point(path: Path, epochs: dict, eval_epoch: int, drafters: Sequence[str]
     Verification logprobs cost ``c_logprob`` per row under ``shapes[0]`` in the main results; every further shape
     adds a variant (:attr:`Point.variants`) with ``none`` and ``suffix`` re-priced and :data:`DEFAULT` re-run
     under it. ``admission`` (the batch's request count -> an :class:`Admission`, or ``None``): a variant
-    ``"admission"`` with ``none`` and the default replayed with their prompts' prefill under ``shapes[0]``."""
+    ``"admission"`` with ``none`` and the default replayed with their prompts' prefill under ``shapes[0]``.
+    ``limits`` (the batch's request count and a shape -> the engine's profiled verification limits, or ``None``):
+    the default drafter keeps every step within them, under each shape."""
     train, evals, tr, ev = split_epochs(epochs, None, eval_epoch)
     point = Point(set_name(path) + ("" if eval_epoch == max(epochs) else f"@{eval_epoch}"), str(path), ev, tr,
                   len(evals), len({r.problem_key for r in evals}), sum(len(r.completion_ids) for r in evals))
@@ -121,7 +123,7 @@ def run_point(path: Path, epochs: dict, eval_epoch: int, drafters: Sequence[str]
         res = simulate(make_drafter(name, policy_config=pc, das_overrides=ov, controller_config=cc,
                                     draft_threads=draft_threads),
                        train, evals, c_base, c_tok, warmup=warmup, c_logprob=c_logprob, verification_shape=shape,
-                       admission=entry)
+                       admission=entry, limits=None if limits is None else limits(len(evals), shape))
         if name not in COST_AWARE:
             fixed[key] = res
             if cached is not None:
@@ -204,7 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             point = run_point(path, epochs, ev, drafters, args.c_base, args.c_tok, das_ov, ctl_ov,
                               not args.no_warmup, Path(args.cache) if args.cache else None, args.draft_threads,
                               args.c_logprob, args.shapes,
-                              None if args.admission is None else (lambda n: admission_for(args, n)))
+                              None if args.admission is None else (lambda n: admission_for(args, n)),
+                              None if args.verify_limit is None else (lambda n, shape: limits_for(args, n, shape)))
             points.append(point)
             for c_tok in args.c_tok:
                 print(format_point(point, args.c_base, c_tok, args.host_speed, args.async_off_ms))
@@ -226,7 +229,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      "verification_shapes": args.shapes,
                                      "admission": None if args.admission is None else
                                      {"token_budget": args.admission, "max_num_seqs": args.max_num_seqs,
-                                      "prefix_cache": not args.no_prefix_cache}},
+                                      "prefix_cache": not args.no_prefix_cache},
+                                     "verify_limit": args.verify_limit},
                          points, args.c_base, args.c_tok, args.host_speed, args.async_off_ms)
         print(f"wrote {args.json}")
     if args.plots:

@@ -69,9 +69,11 @@ class Drafter:
         """A batch is about to start (every request before the first step): build what an engine holds in place
         (not timed)."""
 
-    def engine_limits(self, token_budget: int | None) -> None:
-        """The engine's token budget per step (``None``: none), before a replay with admission: a drafter that
-        plans within it (the proposer reads vLLM's ``max_num_scheduled_tokens``) takes it here."""
+    def engine_limits(self, token_budget: int | None, max_step_drafts: int | None = None,
+                      max_draft_len: int | None = None) -> None:
+        """The engine's limits before a replay (``None``: none): its token budget per step (vLLM's
+        ``max_num_scheduled_tokens``), and the draft tokens one step and one row may verify (the profiled verification
+        shape). A drafter that plans within them, as the proposer does, takes them here."""
 
     def start(self, rid: str, rec: RolloutRecord) -> None:
         pass

@@ -85,8 +85,9 @@ class DASControllerDrafter(DASReplayDrafter):
         self.speculated_per_step, self.silent_per_step = [], []
         self.reliability = ReliabilityRecord()
 
-    def engine_limits(self, token_budget):
-        self.speculator.max_step_tokens = token_budget  # the proposer reads vLLM's max_num_scheduled_tokens
+    def engine_limits(self, token_budget, max_step_drafts=None, max_draft_len=None):
+        spec = self.speculator  # as DASProposer._speculator builds it
+        spec.max_step_tokens, spec.max_step_drafts, spec.max_draft_len = token_budget, max_step_drafts, max_draft_len
 
     def start(self, rid, rec):
         prompt = np.asarray(rec.prompt_ids, np.int64)
