@@ -187,13 +187,17 @@ def limits_for(args: argparse.Namespace, num_requests: int, shape: str):
 
 
 def _verify_limit(text: str) -> int | str:
-    if text.strip() == "profile":
-        return "profile"
+    return _word_or_count(text, "profile", "'profile' or a number of draft tokens per step (>= 1)")
+
+
+def _word_or_count(text: str, word: str, what: str) -> int | str:
+    """``word``, or an int >= 1 (``argparse.ArgumentTypeError`` naming ``what`` otherwise)."""
+    if text.strip() == word:
+        return word
     try:
         return _positive_int(text)
     except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"'profile' or a number of draft tokens per step (>= 1), got "
-                                         f"{text!r}") from None
+        raise argparse.ArgumentTypeError(f"{what}, got {text!r}") from None
 
 
 def _shapes(text: str) -> list[str]:
@@ -207,12 +211,7 @@ def _shapes(text: str) -> list[str]:
 
 
 def _admission(text: str) -> int | str:
-    if text.strip() == "trainer":
-        return "trainer"
-    try:
-        return _positive_int(text)
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"a token budget (an int >= 1) or 'trainer', got {text!r}") from None
+    return _word_or_count(text, "trainer", "a token budget (an int >= 1) or 'trainer'")
 
 
 def _positive_int(text: str) -> int:
