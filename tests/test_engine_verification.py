@@ -143,6 +143,7 @@ def test_admission_padding_and_unpad_admissions(das_llm, reference, tokenizer):
     engine = LocalDASEngine(das_llm)
     engine.detach()  # the proposer drafts nothing: every draft token counted below is vLLM's placeholder
     scheduler = das_llm.llm_engine.engine_core.engine_core.scheduler
+    assert scheduler.admissions_unpadded  # das-trl's scheduler turns the padding off on its own
     scheduler.dynamic_sd_lookup = None  # vLLM's behaviour, whatever das-trl's scheduler chose
     placeholders = []
     for prompt, ref_tokens, unpad in zip(_aligned_prompts(tokenizer), reference["aligned"], (False, True)):

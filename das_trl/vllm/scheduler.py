@@ -14,7 +14,8 @@ tokens of the waiting requests that vLLM could admit this step (a free request s
 for the whole prompt, as vLLM's admission checks them); then drafts, far positions first (every draft cut to a common
 length, :func:`~das_trl.budget.step_cap.cap_step_tokens`). The requests then get the tokens the engine without
 speculation would give them. The tokens cut are never verified: the model runner records each row's scheduled draft
-length (``num_decode_draft_tokens``), and the proposer and the drafter count only those as verified.
+length (``num_decode_draft_tokens``), and the proposer and the drafter count only those as verified. It also turns
+off vLLM's padding of one-token admissions to ``1 + K`` (:func:`~das_trl.vllm.admission_padding.unpad_admissions`).
 
 Enabled with ``scheduler_cls="das_trl.vllm.scheduler.DASScheduler"`` (CLI ``--scheduler-cls``;
 :data:`~das_trl.vllm.engine.SCHEDULER_QUALNAME`: :func:`~das_trl.vllm.engine.das_engine_kwargs` and ``das-trl serve``
@@ -33,6 +34,8 @@ from vllm.v1.request import Request, RequestStatus
 
 from das_trl.budget.step_cap import cap_step_tokens
 
+from .admission_padding import unpad_admissions
+
 # Waiting requests vLLM's admission loop takes as they are (others wait for a grammar, a KV transfer, a stream).
 _ADMITTABLE = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 
@@ -46,6 +49,12 @@ class DASScheduler(Scheduler):
 
     cut_draft_tokens = 0
     cut_steps = 0
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # A DAS step is never a uniform decode batch, so vLLM's padding of one-token admissions to 1 + K (kept for
+        # the full CUDA graph) buys nothing and costs K rejected placeholder positions per admitted sibling.
+        self.admissions_unpadded = unpad_admissions(self)
 
     def schedule(self, *args, **kwargs):
         """``Scheduler.schedule`` after :meth:`leave_room_for_waiting` (same arguments and output)."""
