@@ -25,10 +25,13 @@ from .step_cap import apply_step_cap, cap_longest_draft
 from .tail import survival, tail_probability
 
 _UNSET = object()  # a native kernel not resolved yet
-#: Padding (ms) below which a step's drafts are not checked against vLLM's padded logprob path: the check (the
-#: survival of every kept position, then :func:`cap_longest_draft`) costs the proposer ~0.05 ms per step on the engine's
-#: critical path (replays on a 2-core machine), so a padding that costs less cannot pay for checking it.
+#: Padding (ms) below which a step of fewer than :data:`PADDING_CHECK_ROWS` rows is not checked against vLLM's padded
+#: logprob path: the check (the survival of every kept position, then :func:`cap_longest_draft`) costs the proposer
+#: ~0.05 ms per step on the engine's critical path (replays on a 2-core machine), so a padding that costs less cannot pay
+#: for checking it. Steps of :data:`PADDING_CHECK_ROWS` rows or more, where the padding grows by a column of rows per
+#: draft position, are always checked.
 PADDING_CHECK_MS = 0.05
+PADDING_CHECK_ROWS = 64
 
 
 def padding_ms(lengths: np.ndarray, num_rows: int, cost: CostModel) -> float:
@@ -37,6 +40,12 @@ def padding_ms(lengths: np.ndarray, num_rows: int, cost: CostModel) -> float:
     if not cost.padded or not len(lengths):
         return 0.0
     return cost.c_logprob_ms * (num_rows * int(lengths.max()) - int(lengths.sum()))
+
+
+def check_padding(lengths: np.ndarray, num_rows: int, cost: CostModel) -> bool:
+    """Whether a step's drafts are checked against the padding (:data:`PADDING_CHECK_MS`, :data:`PADDING_CHECK_ROWS`)."""
+    pad = padding_ms(lengths, num_rows, cost)
+    return pad > PADDING_CHECK_MS or (pad > 0 and num_rows >= PADDING_CHECK_ROWS)
 
 
 #: Request slots of :meth:`BudgetController.plan` lie below this (the per-slot tables: 16 bytes a slot, at most 64 MiB).
@@ -401,7 +410,7 @@ class BudgetController:
                 budget[rows] = draft_caps(weight[rows], np.asarray(qq)[rows], np.asarray(cc)[rows], cost.token_ms,
                                           ratio, cfg.draft_margin)
             tails = int(np.count_nonzero(p >= 0.5))
-        if drafted and cost.padded and padding_ms(budget, n, cost) > PADDING_CHECK_MS:
+        if drafted and check_padding(budget, n, cost):
             draft, budget, drafted = self._padding_budget(draft, budget, weight, q, cost, ratio)
         # Only now (a rejected call changed nothing): the acceptance record fades once per step.
         self._acc_expected *= cfg.acceptance_decay
@@ -565,7 +574,7 @@ class BudgetController:
                 np.ascontiguousarray(accept), table, pooled, idx, plan.generated,
                 self._no_f64 if plan.max_remaining is None else plan.max_remaining, self._shared_draws,
                 plan.weight_ms, params, capped, self._scratch_f64[0, :m], kept)
-            if kept_tokens and cost.padded and padding_ms(capped, len(plan.draft), cost) > PADDING_CHECK_MS:
+            if kept_tokens and check_padding(capped, len(plan.draft), cost):
                 survival_k = self._survival(plan, idx, k)
                 shorter = self._cut_padding(np.minimum(accept * survival_k * ratio, 1.0), capped,
                                             self._scratch_f64[0, :m], cost, len(plan.draft))
@@ -589,7 +598,7 @@ class BudgetController:
         lengths, value = optimal_draft_lengths(useful, weight, cost.token_ms, cfg.draft_margin)
         capped = apply_step_cap(useful, lengths, value, cost.token_ms, cfg.step_token_cap)
         c["capped_steps"] += int(int(np.add.reduce(capped)) < int(np.add.reduce(lengths)))
-        if cost.padded and padding_ms(capped, len(plan.draft), cost) > PADDING_CHECK_MS:
+        if check_padding(capped, len(plan.draft), cost):
             capped = self._cut_padding(useful, capped, value, cost, len(plan.draft))
         kept = np.where(np.arange(k)[None, :] < capped[:, None], accept * survival_k, 0.0).sum(axis=1)
         kept_tokens = int(np.add.reduce(capped))
@@ -602,7 +611,7 @@ class BudgetController:
 
     def _cut_padding(self, useful: np.ndarray, capped: np.ndarray, value: np.ndarray, cost: CostModel,
                      num_rows: int) -> np.ndarray:
-        """(Where the step's padding is above :data:`PADDING_CHECK_MS`.) The cut's kept lengths cut to the longest
+        """(Where :func:`check_padding` says so.) The cut's kept lengths cut to the longest
         draft that pays for vLLM's padded logprob path
         (:func:`cap_longest_draft`; ``capped`` itself when nothing is cut), and the padding's price against the kept
         drafts' expected saving counted (``padding_ms``, ``padding_over_saving_steps``: the saving is the kept
