@@ -23,7 +23,8 @@ if [ "${1:-}" != "--page-only" ]; then
         echo "bench_page.sh: building the third-party rollouts into $REALDATA (scripts/fetch_realdata.sh)" >&2
         bash scripts/fetch_realdata.sh --out "$REALDATA"
     fi
+    # the default also under vLLM's padded logprob shape and with the prompts' admission (the page's engine table)
     das-trl bench suite --sets benchmarks/sets "$REALDATA" --c-tok 0.005 0.025 0.1 --json "$JSON" \
-        ${SUITE_CACHE:+--cache "$SUITE_CACHE"} "$@"
+        --shapes patched,padded --admission trainer ${SUITE_CACHE:+--cache "$SUITE_CACHE"} "$@"
 fi
 das-trl bench page --json "$JSON" --pages docs/benchmarks.md benchmarks/realdata.md README.md --img docs/img
