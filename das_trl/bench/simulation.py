@@ -388,9 +388,10 @@ def simulate(drafter: Drafter, train_epochs: Sequence[list[RolloutRecord]], eval
         raise ValueError(f"simulate: verification_shape must be one of {VERIFICATION_SHAPES} and c_logprob >= 0, got "
                          f"{verification_shape!r}, {c_logprob}")
     price = (c_base, c_tok, float(c_logprob), verification_shape)
-    drafter.engine_limits(None if admission is None else admission.token_budget,
-                          None if limits is None else limits.draft_tokens,
-                          None if limits is None else limits.longest_draft)
+    if admission is not None or limits is not None:  # else the drafter's own (a test may have set them)
+        drafter.engine_limits(None if admission is None else admission.token_budget,
+                              None if limits is None else limits.draft_tokens,
+                              None if limits is None else limits.longest_draft)
     if warmup and len(train_epochs) >= 2:
         drafter.prepare(train_epochs[:-1])
         _replay_batch(drafter, train_epochs[-1], "warmup", price, admission)
