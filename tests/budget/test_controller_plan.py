@@ -69,6 +69,58 @@ def test_native_cut_equals_numpy():
             assert s1["expected_accepted"] == pytest.approx(s2["expected_accepted"], rel=1e-9)
 
 
+@pytest.mark.skipif(not native.available(), reason="needs the native core (built by the setup script)")
+def test_native_gate_stops_walking_a_row_with_the_same_decisions_as_numpy():
+    """The plan kernel stops a row's walk over draft lengths once a position is worth less than its verification;
+    on rows whose saving peaks anywhere from the first position to the 64th (acceptance up to 0.999, the proposer's
+    CPU per row up to 0.5 ms, hard caps 1-64) it drafts exactly the rows numpy's full walk (gate_rows) drafts, given
+    the kernel's own weights."""
+    rng = np.random.default_rng(11)
+    drafted = 0
+    for trial in range(8):
+        row_us = [0.0, 20.0, 100.0, 500.0][trial % 4]
+        ctl = BudgetController(ControllerConfig(cost_source="config", backend="native", draft_row_us=row_us,
+                                                c_tok_ms=[0.005, 0.025, 0.1][trial % 3], always_plan_rows=0))
+        for key in range(4):
+            ctl.observe(key, rng.integers(50, 3000, 8).tolist())
+        n = 400
+        q = 1.0 - rng.random(n) ** 3  # many rows near 1, where the saving peaks late
+        caps = rng.integers(1, 65, n).astype(np.int32)
+        plan = ctl.plan(rng.integers(0, 5, n), rng.integers(0, 500, n), None, None, caps, q, np.arange(n))
+        expect = gate_rows(plan.weight_ms, q, caps, ctl.cost.token_ms, row_us / 1000.0, 0.0)
+        assert (plan.draft == expect).all(), np.flatnonzero(plan.draft != expect)
+        drafted += int(expect.sum())
+    assert 0 < drafted
+
+
+@pytest.mark.skipif(not native.available(), reason="needs the native core (built by the setup script)")
+def test_native_cut_stops_at_the_draft_s_end_with_numpy_s_lengths():
+    """The cut kernel walks a row only up to its last nonzero estimate (the draft's end); with every position sure
+    to lie before the request's end (survival 1 in both paths) its kept lengths and values are numpy's exactly, on
+    drafts of every length whose best cut falls anywhere from 0 to the full draft."""
+    rng = np.random.default_rng(5)
+    for backend_pair in range(4):
+        ctls = [BudgetController(ControllerConfig(cost_source="config", backend=b, c_tok_ms=0.025, length_jitter=0.0,
+                                                  pooled_weight=0.0)) for b in ("native", "python")]
+        for ctl in ctls:
+            ctl.observe(0, [100_000] * 8)  # far beyond every draft: survival 1
+        n, k = 300, 64
+        ends = rng.integers(0, k + 1, n)
+        acc = np.minimum.accumulate(rng.random((n, k)) ** 0.2, axis=1)
+        acc[np.arange(k)[None, :] >= ends[:, None]] = 0.0
+        keys, out_len = np.zeros(n, np.int64), np.zeros(n, np.int64)
+        got = []
+        for ctl in ctls:
+            plan = ctl.plan(keys, out_len, None, None, np.full(n, 64), None, None)
+            plan.weight_ms[:] = rng.random(n) ** 3 * 7.0 if not got else got[0][2]  # the same weights in both
+            got.append((ctl.cut(plan, acc), ctl.last_expected_kept.copy(), plan.weight_ms.copy()))
+        (kn, en, _), (kp, ep, _) = got
+        assert (kn == kp).all(), np.flatnonzero(kn != kp)
+        np.testing.assert_allclose(en, ep, rtol=1e-12, atol=1e-15)
+        assert 0 < kn.min() or (ends == 0).any()
+        assert (kn == ends).any() and (kn < ends).any()  # full drafts kept and drafts cut short both occur
+
+
 def test_plans_are_deterministic_and_reused_between_recomputations():
     keys, out_len, rounds, _ = _batch(64)
     a, b = _controller(replan_steps=4, always_plan_rows=0), _controller(replan_steps=4, always_plan_rows=0)
