@@ -35,9 +35,9 @@ def test_controller_is_the_default_and_its_budgets_cut_the_drafts(rng, monkeypat
 
     real = proposer.controller.cut
 
-    def fixed_cut(plan, accept, rows=None):
+    def fixed_cut(plan, accept, rows=None, **kw):
         seen.update(accept=accept.copy(), output_len=plan.generated.copy(), rows=np.asarray(rows))
-        real(plan, accept, rows)
+        real(plan, accept, rows, **kw)
         return np.array([3, 0], np.int32)
 
     monkeypatch.setattr(proposer.controller, "cut", fixed_cut)
@@ -87,8 +87,8 @@ def test_online_cost_fit_sees_step_times_and_tokens(rng, monkeypatch):
     step = {"i": 0}
     real = proposer.controller.cut
 
-    def varied(plan, accept, rows=None):  # vary the draft lengths so the token counts spread
-        real(plan, accept, rows)
+    def varied(plan, accept, rows=None, **kw):  # vary the draft lengths so the token counts spread
+        real(plan, accept, rows, **kw)
         step["i"] += 1
         return np.array([step["i"] % (K + 1), (3 * step["i"]) % (K + 1), 1], np.int32)[: len(accept)]
 

@@ -113,6 +113,7 @@ class BudgetController:
         self._slot_epoch = np.full(0, -1, np.int64)
         self._epoch = 0
         self._rows_seen_epoch = -1  # the epoch at which the last plan / quiet_step saw every one of its rows
+        self._rows_seen: np.ndarray | None = None  # ... and the slots array it saw them in
         self._since_plan = 0
         self._rows_at_plan = 0
         # Steps between recomputations: replan_steps, doubled (up to quiet_replan_max_steps) after each recomputation
@@ -264,7 +265,7 @@ class BudgetController:
     def plan(self, problem_keys: np.ndarray, output_len: np.ndarray, num_rounds: np.ndarray | None = None,
              max_output: np.ndarray | None = None, caps: np.ndarray | None = None,
              acceptance: np.ndarray | None = None, slots: np.ndarray | None = None,
-             send: np.ndarray | None = None) -> StepPlan:
+             send: np.ndarray | None = None, *, same_rows: bool = False, _prechecked: bool = False) -> StepPlan:
         """Decide, before drafting, which rows of this engine step are worth drafting at all.
 
         The tail probability ``P_i`` (who finishes last; ``docs/budget.md``) is computed from deterministic stratified
@@ -289,6 +290,13 @@ class BudgetController:
                 its tail probability is kept between recomputations (``None``: recompute every step).
             send: ``float64 [n]`` each row's chance in ``[0, 1]`` that its draft, if speculated, survives the cut
                 (``PlanInputs.send``; ``None``: 1); the gate charges ``draft_row_us / max(send, 0.05)``.
+            same_rows: as for :meth:`quiet_step`: the caller's promise that ``slots`` (the same array object) holds
+                the same requests as at its previous :meth:`plan` / :meth:`quiet_step`, so the check that the last
+                computation saw every row is skipped when it passed since (O(rows) array work otherwise).
+            _prechecked: private to the Speculator, whose request book gives every array ``n`` entries of
+                :class:`~das_trl.vllm.request_book.PlanInputs`' dtypes and distinct slots ``>= 0`` below its number of
+                requests: their conversion and validation are skipped (~10 us per engine step); the native kernel
+                still checks every number (the numpy path, as without it).
 
         Returns:
             :class:`StepPlan`.
@@ -298,40 +306,19 @@ class BudgetController:
                 repeated, an acceptance or send rate outside ``[0, 1]`` or NaN, or a negative / NaN output length,
                 round count or max output (nothing changed).
         """
-        keys = np.asarray(problem_keys, dtype=np.int64)
-        if keys.ndim != 1:
-            keys = keys.reshape(-1)
-        n = len(keys)
-        out_len = np.asarray(output_len, dtype=np.float64)
-        if out_len.ndim != 1:
-            out_len = out_len.reshape(-1)
-        # Each input converted once (no copy when it already has the dtype: the Speculator's int64 / float64 arrays);
-        # caps keeps any integer dtype (gate_rows compares it exactly).
-        r = None if num_rounds is None else np.asarray(num_rounds, dtype=np.float64)
-        mo = None if max_output is None else np.asarray(max_output, dtype=np.float64)
-        caps_arr = None if caps is None else np.asarray(caps)
-        q = None if acceptance is None else np.asarray(acceptance, dtype=np.float64)
-        snd = None if send is None else np.asarray(send, dtype=np.float64)
-        sl = None if slots is None else np.asarray(slots)
-        if sl is not None and sl.dtype != np.int64:
-            with np.errstate(invalid="ignore"):  # NaN casts to INT_MIN: rejected just below
-                as_int = sl.astype(np.int64)
-            if sl.dtype.kind not in "iu" and not np.array_equal(as_int, sl):  # 1.7 would silently be slot 1
-                raise ValueError("BudgetController.plan: slots must be whole numbers (one id per request)")
-            sl = as_int
-        shape = (n,)
-        if out_len.shape != shape or (r is not None and r.shape != shape) or (mo is not None and mo.shape != shape) \
-                or (caps_arr is not None and caps_arr.shape != shape) or (q is not None and q.shape != shape) \
-                or (sl is not None and sl.shape != shape) or (snd is not None and snd.shape != shape):
-            for name, v in (("output_len", out_len), ("num_rounds", r), ("max_output", mo), ("caps", caps_arr),
-                            ("acceptance", q), ("slots", sl), ("send", snd)):
-                if v is not None and v.shape != shape:
-                    raise ValueError(f"BudgetController.plan: {name} must have shape ({n},) like problem_keys, got "
-                                     f"{v.shape}")
         cfg = self.config
+        if _prechecked:  # the Speculator's book: int64 keys and rounds / max output, int32 lengths and caps, float64
+            # rates, int64 distinct slots >= 0 (see the docstring)
+            keys, caps_arr, q, snd, sl = problem_keys, caps, acceptance, send, slots
+            n = len(keys)
+            out_len = output_len.astype(np.float64)
+            r = num_rounds.astype(np.float64)
+            mo = max_output.astype(np.float64)
+        else:
+            keys, out_len, r, mo, caps_arr, q, snd, sl = self._plan_arrays(problem_keys, output_len, num_rounds,
+                                                                           max_output, caps, acceptance, slots, send)
+            n = len(keys)
         cost = self.cost if self._online else self._config_cost
-        if sl is not None and n and int(np.minimum.reduce(sl)) < 0:
-            raise ValueError(f"BudgetController.plan: slots must be >= 0, got {int(sl.min())}")
         cap = None if mo is None else mo - out_len
         if n == 0:
             self._acc_expected *= cfg.acceptance_decay
@@ -341,19 +328,23 @@ class BudgetController:
             self._grow(n)
         replan = sl is None or n <= cfg.always_plan_rows or self._since_plan + 1 >= self._replan_interval \
             or n < (1.0 - cfg.replan_shrink) * self._rows_at_plan
-        if sl is not None:
+        # A request not seen at the last computation forces one (slot epochs never exceed the current epoch); rows the
+        # last plan / quiet step saw, unchanged since (same_rows, the same array) and with no computation since, are.
+        if sl is not None and not replan and not (same_rows and sl is self._rows_seen and
+                                                  self._rows_seen_epoch == self._epoch):
+            replan = int(np.maximum.reduce(sl)) >= len(self._slot_epoch) \
+                or int(np.minimum.reduce(self._slot_epoch[sl])) < self._epoch
+        if sl is not None and replan:
             top = int(np.maximum.reduce(sl))
-            if top >= MAX_SLOTS:  # the stored probabilities are indexed by slot
-                raise ValueError(f"BudgetController.plan: slots must be below {MAX_SLOTS} (one per running request), "
-                                 f"got {top}")
-            # A request not seen at the last computation (slot epochs never exceed the current epoch).
-            if not replan:
-                replan = top >= len(self._slot_epoch) or int(np.minimum.reduce(self._slot_epoch[sl])) < self._epoch
-            # Two rows under one slot would overwrite each other's stored probability (checked where it is written).
-            if replan and n > 1 and int(np.maximum.reduce(np.bincount(sl))) > 1:
-                raise ValueError(f"BudgetController.plan: slots must be distinct (one per running request), got "
-                                 f"slot {int(np.bincount(sl).argmax())} more than once")
-            if replan and top >= len(self._slot_p):
+            if not _prechecked:
+                if top >= MAX_SLOTS:  # the stored probabilities are indexed by slot
+                    raise ValueError(f"BudgetController.plan: slots must be below {MAX_SLOTS} (one per running "
+                                     f"request), got {top}")
+                # Two rows under one slot would overwrite each other's stored probability.
+                if n > 1 and int(np.maximum.reduce(np.bincount(sl))) > 1:
+                    raise ValueError(f"BudgetController.plan: slots must be distinct (one per running request), got "
+                                     f"slot {int(np.bincount(sl).argmax())} more than once")
+            if top >= len(self._slot_p):
                 size = max(top + 1, 2 * len(self._slot_p), 64)
                 self._slot_p = np.concatenate([self._slot_p, np.zeros(size - len(self._slot_p))])
                 self._slot_epoch = np.concatenate([self._slot_epoch, np.full(size - len(self._slot_epoch), -1, np.int64)])
@@ -410,7 +401,7 @@ class BudgetController:
                 budget[rows] = draft_caps(weight[rows], np.asarray(qq)[rows], np.asarray(cc)[rows], cost.token_ms,
                                           ratio, cfg.draft_margin)
             tails = int(np.count_nonzero(p >= 0.5))
-        if drafted and check_padding(budget, n, cost):
+        if drafted and cost.padded and check_padding(budget, n, cost):
             draft, budget, drafted = self._padding_budget(draft, budget, weight, q, cost, ratio)
         # Only now (a rejected call changed nothing): the acceptance record fades once per step.
         self._acc_expected *= cfg.acceptance_decay
@@ -437,8 +428,50 @@ class BudgetController:
         c["silent_steps"] += int(self._last_silent)
         c["tail_rows"] += tails
         self._rows_seen_epoch = self._epoch if sl is not None else -1  # every row is now a request this epoch saw
+        self._rows_seen = sl
         self.last_tail_prob = p
         return StepPlan(draft, weight, keys, out_len, cap, replan, budget)
+
+    @staticmethod
+    def _plan_arrays(problem_keys, output_len, num_rounds, max_output, caps, acceptance, slots, send) -> tuple:
+        """:meth:`plan`'s inputs converted once (no copy where an array has the dtype already) and checked: ``(keys
+        int64, out_len / rounds / max_output float64, caps any integer dtype (gate_rows compares it exactly),
+        acceptance / send float64, slots int64)``, the optional ones ``None`` when not given.
+
+        Raises:
+            ValueError: shapes disagree, fractional or negative slots (nothing changed).
+        """
+        keys = np.asarray(problem_keys, dtype=np.int64)
+        if keys.ndim != 1:
+            keys = keys.reshape(-1)
+        n = len(keys)
+        out_len = np.asarray(output_len, dtype=np.float64)
+        if out_len.ndim != 1:
+            out_len = out_len.reshape(-1)
+        r = None if num_rounds is None else np.asarray(num_rounds, dtype=np.float64)
+        mo = None if max_output is None else np.asarray(max_output, dtype=np.float64)
+        caps_arr = None if caps is None else np.asarray(caps)
+        q = None if acceptance is None else np.asarray(acceptance, dtype=np.float64)
+        snd = None if send is None else np.asarray(send, dtype=np.float64)
+        sl = None if slots is None else np.asarray(slots)
+        if sl is not None and sl.dtype != np.int64:
+            with np.errstate(invalid="ignore"):  # NaN casts to INT_MIN: rejected just below
+                as_int = sl.astype(np.int64)
+            if sl.dtype.kind not in "iu" and not np.array_equal(as_int, sl):  # 1.7 would silently be slot 1
+                raise ValueError("BudgetController.plan: slots must be whole numbers (one id per request)")
+            sl = as_int
+        shape = (n,)
+        if out_len.shape != shape or (r is not None and r.shape != shape) or (mo is not None and mo.shape != shape) \
+                or (caps_arr is not None and caps_arr.shape != shape) or (q is not None and q.shape != shape) \
+                or (sl is not None and sl.shape != shape) or (snd is not None and snd.shape != shape):
+            for name, v in (("output_len", out_len), ("num_rounds", r), ("max_output", mo), ("caps", caps_arr),
+                            ("acceptance", q), ("slots", sl), ("send", snd)):
+                if v is not None and v.shape != shape:
+                    raise ValueError(f"BudgetController.plan: {name} must have shape ({n},) like problem_keys, got "
+                                     f"{v.shape}")
+        if sl is not None and n and int(np.minimum.reduce(sl)) < 0:
+            raise ValueError(f"BudgetController.plan: slots must be >= 0, got {int(sl.min())}")
+        return keys, out_len, r, mo, caps_arr, q, snd, sl
 
     def _plan_native(self, kernel, keys: np.ndarray, out_len: np.ndarray, r: np.ndarray | None,
                      mo: np.ndarray | None, caps: np.ndarray | None, q: np.ndarray | None, sl: np.ndarray | None,
@@ -491,9 +524,9 @@ class BudgetController:
         Args:
             slots: ``int [n]`` the rows' request slots, as given to :meth:`plan`.
             same_rows: the caller's promise that ``slots`` holds the same requests as at its previous call of
-                :meth:`plan` or :meth:`quiet_step` (the Speculator knows it from the request ids): then, when no
-                recomputation happened since, the check that the last plan saw every row is skipped (it passed
-                already; O(rows) array work otherwise).
+                :meth:`plan` or :meth:`quiet_step` (the Speculator knows it from the request ids): then, when that call
+                was given the same array object and no recomputation happened since, the check that the last plan saw
+                every row is skipped (it passed already; O(rows) array work otherwise).
         """
         cfg = self.config
         n = len(slots)
@@ -501,11 +534,12 @@ class BudgetController:
                 or n < (1.0 - cfg.replan_shrink) * self._rows_at_plan or self._online:
             return False
         # A request the last computation did not see (slot epochs never exceed the current epoch).
-        if not (same_rows and self._rows_seen_epoch == self._epoch):
+        if not (same_rows and slots is self._rows_seen and self._rows_seen_epoch == self._epoch):
             if np.maximum.reduce(slots) >= len(self._slot_epoch) \
                     or np.minimum.reduce(self._slot_epoch[slots]) < self._epoch:
                 return False
             self._rows_seen_epoch = self._epoch
+            self._rows_seen = slots
         self._since_plan += 1
         self._acc_expected *= cfg.acceptance_decay
         self._acc_accepted *= cfg.acceptance_decay
@@ -516,7 +550,8 @@ class BudgetController:
         c["quiet_steps"] += 1
         return True
 
-    def cut(self, plan: StepPlan, accept: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+    def cut(self, plan: StepPlan, accept: np.ndarray, rows: np.ndarray | None = None, *,
+            _prechecked: bool = False) -> np.ndarray:
         """Draft tokens to keep per drafted row (after drafting): the length that minimises the cost per token of
         progress (:func:`optimal_draft_lengths`) under the plan's ``weight_ms``, with each estimate scaled by the
         chance the position lies before the request's end (:func:`survival`, same deterministic samples) and by
@@ -528,6 +563,9 @@ class BudgetController:
             plan: this step's :meth:`plan`.
             accept: ``float64 [m, K]`` cumulative acceptance estimates of the drafted rows (``DraftBatch.accept``).
             rows: ``int [m]`` the drafted rows' indices in the plan (``None``: every row, ``m = n``).
+            _prechecked: private to the Speculator, whose ``accept`` is a C-contiguous ``float64 [m, K]`` and ``rows``
+                the ``int64 [m]`` indices of its drafted rows (``np.nonzero``: in range): their conversion and range
+                check are skipped (the estimates are still checked).
 
         Returns:
             ``int32 [m]``, ``0 <= kept[i] <=`` the row's draft length.
@@ -536,21 +574,24 @@ class BudgetController:
             ValueError: shapes disagree, ``rows`` outside the plan, or ``accept`` outside ``[0, 1]`` or NaN (nothing
                 counted).
         """
-        accept = np.asarray(accept, dtype=np.float64)
-        if rows is None:
-            idx = np.arange(len(plan.draft))
+        if _prechecked:
+            idx = rows
         else:
-            idx = np.asarray(rows, dtype=np.int64)
-            if idx.ndim != 1:
-                idx = idx.reshape(-1)
-        if accept.ndim != 2 or len(accept) != len(idx):
-            raise ValueError(f"BudgetController.cut: accept must be [{len(idx)}, K] (one row per drafted row), got "
-                             f"shape {accept.shape}")
+            accept = np.asarray(accept, dtype=np.float64)
+            if rows is None:
+                idx = np.arange(len(plan.draft))
+            else:
+                idx = np.asarray(rows, dtype=np.int64)
+                if idx.ndim != 1:
+                    idx = idx.reshape(-1)
+            if accept.ndim != 2 or len(accept) != len(idx):
+                raise ValueError(f"BudgetController.cut: accept must be [{len(idx)}, K] (one row per drafted row), "
+                                 f"got shape {accept.shape}")
         m, k = accept.shape
         if m == 0:
             self.last_expected_kept = np.zeros(0)
             return np.zeros(0, np.int32)
-        if int(np.minimum.reduce(idx)) < 0 or int(np.maximum.reduce(idx)) >= len(plan.draft):
+        if not _prechecked and (int(np.minimum.reduce(idx)) < 0 or int(np.maximum.reduce(idx)) >= len(plan.draft)):
             raise ValueError(f"BudgetController.cut: rows must index the plan's {len(plan.draft)} rows, got "
                              f"[{int(idx.min())}, {int(idx.max())}]")
         cfg = self.config
@@ -574,7 +615,7 @@ class BudgetController:
                 np.ascontiguousarray(accept), table, pooled, idx, plan.generated,
                 self._no_f64 if plan.max_remaining is None else plan.max_remaining, self._shared_draws,
                 plan.weight_ms, params, capped, self._scratch_f64[0, :m], kept)
-            if kept_tokens and check_padding(capped, len(plan.draft), cost):
+            if kept_tokens and cost.padded and check_padding(capped, len(plan.draft), cost):
                 survival_k = self._survival(plan, idx, k)
                 shorter = self._cut_padding(np.minimum(accept * survival_k * ratio, 1.0), capped,
                                             self._scratch_f64[0, :m], cost, len(plan.draft))

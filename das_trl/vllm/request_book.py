@@ -264,6 +264,8 @@ class NativeRequestBook:
         self._bufs: list[np.ndarray] = []
         self._cap = 0
         self._grow(64)  # allocated up front: an empty first step (only partial prefills) needs them too
+        self._inputs: PlanInputs | None = None  # views of the buffers' first _inputs_n entries
+        self._inputs_n = -1
         self._empty_i32 = np.zeros(0, np.int32)
         self._empty_f64 = np.zeros(0, np.float64)
 
@@ -287,12 +289,13 @@ class NativeRequestBook:
     def prepare(self, slots: np.ndarray, num_sampled: np.ndarray, verified: np.ndarray, num_tokens: np.ndarray,
                 num_prompt: np.ndarray, max_model_len: int, k: int) -> tuple[PlanInputs, Observed]:
         n = len(slots)
-        if n > self._cap:
-            self._grow(max(n, 2 * self._cap))
-        views = [b[:n] for b in self._bufs]
+        if self._inputs_n != n:  # the same views while the batch size holds
+            if n > self._cap:
+                self._grow(max(n, 2 * self._cap))
+            self._inputs, self._inputs_n = PlanInputs(*(b[:n] for b in self._bufs)), n
         observed = self._book.prepare(slots, num_sampled, verified, num_tokens, num_prompt, int(max_model_len),
-                                      int(k), *views)
-        return PlanInputs(*views), Observed(*observed)
+                                      int(k), *self._inputs)
+        return self._inputs, Observed(*observed)
 
     def _grow(self, cap: int) -> None:
         self._cap = cap

@@ -28,6 +28,7 @@ rebuilt only when the batch's request list changed. Not thread-safe (vLLM calls 
 from __future__ import annotations
 
 import time
+from operator import itemgetter
 from typing import Any, Sequence
 
 import numpy as np
@@ -139,16 +140,19 @@ class Speculator:
             raise ValueError(f"request {req_id!r} is already tracked")
         if max_output is not None and (not isinstance(max_output, (int, np.integer)) or isinstance(max_output, bool)):
             raise ValueError(f"max_output must be an int or None, got {max_output!r}")
-        self.drafter.start_request(req_id, prompt_token_ids, problem_key=problem_key)
+        # The native drafter takes slots directly (no per-row id lookup per step); the reference takes ids.
+        if self._by_slot:
+            dslot, key = self.drafter.start_slot(req_id, prompt_token_ids, problem_key=problem_key)
+        else:
+            self.drafter.start_request(req_id, prompt_token_ids, problem_key=problem_key)
+            dslot, key = -1, self.drafter.problem_of(req_id)
         slot = self._free.pop() if self._free else len(self._slot_of)
         self._slot_of[req_id] = slot
-        # The native drafter takes slots directly (no per-row id lookup per step); the reference takes ids.
-        dslot = self.drafter.slot_of(req_id) if self._by_slot else -1
         if slot >= len(self._dslot):
             self._dslot = np.concatenate([self._dslot, np.zeros(max(slot + 1, len(self._dslot)), np.int32)])
         self._dslot[slot] = dslot
-        self._book.reset(slot, self.drafter.problem_of(req_id),
-                         int(max_output) if max_output is not None and max_output > 0 else self.max_model_len, dslot)
+        self._book.reset(slot, key, int(max_output) if max_output is not None and max_output > 0
+                         else self.max_model_len, dslot)
         self._last_ids = None
 
     def finish(self, req_id: str) -> None:
@@ -219,8 +223,9 @@ class Speculator:
         if same_rows:
             slots = self._last_slots
         else:
-            try:
-                slots = np.fromiter(map(self._slot_of.__getitem__, req_ids), dtype=np.int64, count=n)
+            try:  # the dict lookups in one C call (itemgetter), then one conversion
+                slots = np.fromiter(itemgetter(*req_ids)(self._slot_of) if n > 1 else map(self._slot_of.__getitem__,
+                                                                                          req_ids), np.int64, n)
             except KeyError as e:
                 raise KeyError(f"request {e.args[0]!r} is not tracked (start it first)") from None
             if len(self._slot_of) < n or len(set(req_ids)) != n:
@@ -256,7 +261,7 @@ class Speculator:
         if step_ms is not None and n and ctl.config.cost_source == "online":
             ctl.observe_step(n + observed.checked, step_ms)
         plan = ctl.plan(inputs.key, inputs.output_len, inputs.rounds, inputs.max_output, inputs.caps, inputs.acceptance,
-                        slots, inputs.send)
+                        slots, inputs.send, same_rows=same_rows, _prechecked=True)
         self.last_plan = plan
         planned = int(np.count_nonzero(plan.draft))
         # Each planned row is drafted to the cap the plan set for it (draft_caps: no longer than can pay), the others
@@ -265,7 +270,7 @@ class Speculator:
                                  k, release=False)
         drafting = out.lengths.nonzero()[0]  # np.flatnonzero without its ravel (lengths is 1-D)
         if len(drafting):
-            kept = ctl.cut(plan, out.accept[drafting], drafting)
+            kept = ctl.cut(plan, out.accept[drafting], drafting, _prechecked=True)
             expected_kept = ctl.last_expected_kept
             room = self._draft_room(n)
             longest = self.max_draft_len
@@ -296,6 +301,8 @@ class Speculator:
     def _draft_room(self, n: int) -> int | None:
         """The most draft tokens a step of ``n`` rows may keep: the scheduler's budget left after one token per row,
         and the profiled verification limit (``None``: neither is set)."""
+        if self.max_step_tokens is None and self.max_step_drafts is None:
+            return None
         rooms = [limit for limit in (None if self.max_step_tokens is None else self.max_step_tokens - n,
                                      self.max_step_drafts) if limit is not None]
         return max(min(rooms), 0) if rooms else None
