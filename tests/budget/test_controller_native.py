@@ -151,6 +151,46 @@ def test_plan_kernel_rejects_bad_slots_and_shapes():
     assert np.isnan(makespan) and tails == 0 and 0 <= drafted <= n
 
 
+def test_plan_kernel_bins_samples_by_log1p_even_where_log_of_1_plus_x_differs(monkeypatch):
+    """The tail kernel bins each sample by log1p(rounds) but computes the cheaper log(1 + rounds) first, falling back
+    where the bin could differ: with half the samples where the two land in different bins (found by search next to
+    the bin edges), its tail probabilities equal tail_probability's with the C library's log1p (numpy's own log1p
+    rounds differently on some of them)."""
+    import math
+
+    from das_trl.budget.tail import tail_probability
+
+    top_rounds, bins = 5000.0, 64
+    scale = bins / math.log1p(top_rounds)
+    straddle = []
+    for g in range(1, bins):
+        edge = math.expm1(g / scale)
+        for k in range(-20000, 20000):
+            r = edge + k * math.ulp(edge)
+            if r >= 1.0 and min(int(math.log(1.0 + r) * scale), bins - 1) != min(int(math.log1p(r) * scale), bins - 1):
+                straddle.append(r)
+                break
+    if not straddle:
+        pytest.skip("this libm's log(1 + x) and log1p agree on every bin edge")
+    rng = np.random.default_rng(0)
+    n, s = 12, 16
+    rounds = np.concatenate([rng.choice(straddle, (n, s // 2)), 1.0 + 3000.0 * rng.random((n, s // 2))], axis=1)
+    rounds = np.sort(rounds, axis=1)
+    rounds[0, -1] = top_rounds
+    f64 = np.zeros(0)
+    draws = np.zeros((4, 1, s))
+    draws[0, 0] = (np.arange(s) + 0.5) / s  # sample t of row i: rounds[i, t] (generated 0, no jitter, tau 1)
+    p = np.empty(n)
+    native.load().controller_plan(
+        np.zeros(n), f64, f64, np.zeros(n, np.int32), np.full(n, 0.5), True, rounds, f64, draws, np.arange(n),
+        np.zeros(n), np.zeros(n, np.int64), 1, f64, f64,
+        {"tail_prior_weight": 0.0, "length_jitter": 0.0, "pooled_weight": 0.0}, np.empty(n, bool), np.empty(n), p,
+        np.empty(n), np.empty(n, np.int32))
+    monkeypatch.setattr(np, "log1p", np.vectorize(math.log1p, otypes=[np.float64]))
+    expect, _ = tail_probability(rounds, bins)
+    np.testing.assert_allclose(p, expect, rtol=1e-12, atol=1e-15)
+
+
 def test_plan_kernel_outputs_must_be_the_callers_buffers_and_inputs_numbers():
     """An output of another dtype or layout would be converted into a temporary and the result lost: rejected."""
     kernel = native.load().controller_plan

@@ -120,17 +120,25 @@ void cut_row(int64_t i, int64_t k, int64_t s, const double* accept, const double
 // tau: [n] one tokens-per-round per row, or (per_sample) [n, s] one per sample.
 double tail_from_samples(int64_t n, int64_t s, const double* rem, const double* tau, bool per_sample, int bins,
                          double* p) {
+  // Each sample's bin is floor(x bins / top), x = log1p(rounds), top = the largest x. log(1 + rounds) is within
+  // log_err(x) of log1p(rounds) (both within 2 ulp of the true value; 1 + rounds rounds by half an ulp) and a third of
+  // its cost: it stands in for log1p wherever the bin cannot change by that much, and log1p is taken where it could
+  // and for the samples that may hold the maximum, so the bins and top are exactly log1p's.
+  const auto log_err = [](double x) { return 1e-13 * (1.0 + x); };
+  const auto rounds_at = [&](int64_t i, int64_t t) {
+    return rem[i * s + t] / (per_sample ? tau[i * s + t] : tau[i]);
+  };
   double makespan = 0.0;
   std::vector<double> x(static_cast<size_t>(n * s));
-  double top = 0.0;
+  double top_near = 0.0;
   for (int64_t t = 0; t < s; ++t) {
     double mx = -1.0;
     for (int64_t i = 0; i < n; ++i) {
-      const double rounds = rem[i * s + t] / (per_sample ? tau[i * s + t] : tau[i]);
+      const double rounds = rounds_at(i, t);
       mx = std::max(mx, rounds);
-      const double xv = std::log1p(std::max(rounds, 0.0));
+      const double xv = std::log(1.0 + std::max(rounds, 0.0));
       x[i * s + t] = xv;
-      top = std::max(top, xv);
+      top_near = std::max(top_near, xv);
     }
     makespan += mx;
   }
@@ -138,6 +146,11 @@ double tail_from_samples(int64_t n, int64_t s, const double* rem, const double* 
   if (n == 1) {
     p[0] = 1.0;
   } else {
+    double top = 0.0;  // exactly max log1p: the largest lies within 2 log_err of the largest stand-in
+    const double near = top_near - 2.0 * log_err(top_near);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t t = 0; t < s; ++t)
+        if (x[i * s + t] >= near) top = std::max(top, std::log1p(std::max(rounds_at(i, t), 0.0)));
     std::vector<int32_t> b(static_cast<size_t>(n * s));
     std::vector<double> logmid(static_cast<size_t>(n * bins));
     std::vector<int32_t> midv(static_cast<size_t>(n * bins));  // mid * 2 s
@@ -152,9 +165,16 @@ double tail_from_samples(int64_t n, int64_t s, const double* rem, const double* 
     for (int64_t i = 0; i < n; ++i) {
       std::fill(cnt.begin(), cnt.end(), 0);
       for (int64_t t = 0; t < s; ++t) {
-        const int32_t bi = top > 0 ? static_cast<int32_t>(std::min<int64_t>(
-                                         static_cast<int64_t>(x[i * s + t] * scale), bins - 1))
-                                   : 0;
+        int32_t bi = 0;
+        if (top > 0) {
+          const double v = x[i * s + t] * scale, margin = 2.0 * log_err(x[i * s + t]) * scale + 1e-12;
+          const int64_t lo = std::min<int64_t>(static_cast<int64_t>(std::max(v - margin, 0.0)), bins - 1);
+          const int64_t hi = std::min<int64_t>(static_cast<int64_t>(v + margin), bins - 1);
+          bi = static_cast<int32_t>(
+              lo == hi ? lo
+                       : std::min<int64_t>(static_cast<int64_t>(std::log1p(std::max(rounds_at(i, t), 0.0)) * scale),
+                                           bins - 1));
+        }
         b[i * s + t] = bi;
         cnt[bi] += 1;
       }
