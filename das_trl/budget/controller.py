@@ -65,6 +65,7 @@ class StepPlan:
         replanned: whether the tail probabilities were recomputed this step.
         budget: ``int32 [n]`` how many tokens to draft per row (:func:`draft_caps` for the drafted rows, 0 for the
             others); every plan :meth:`BudgetController.plan` returns has one.
+        drafted: rows drafted (``draft``'s count; -1: not counted).
     """
 
     draft: np.ndarray
@@ -74,6 +75,7 @@ class StepPlan:
     max_remaining: np.ndarray | None
     replanned: bool = False
     budget: np.ndarray | None = None
+    drafted: int = -1
 
 
 class BudgetController:
@@ -323,7 +325,7 @@ class BudgetController:
         if n == 0:
             self._acc_expected *= cfg.acceptance_decay
             self._acc_accepted *= cfg.acceptance_decay
-            return StepPlan(np.zeros(0, bool), np.zeros(0), keys, out_len, cap, budget=np.zeros(0, np.int32))
+            return StepPlan(np.zeros(0, bool), np.zeros(0), keys, out_len, cap, budget=np.zeros(0, np.int32), drafted=0)
         if n > len(self._inf):
             self._grow(n)
         replan = sl is None or n <= cfg.always_plan_rows or self._since_plan + 1 >= self._replan_interval \
@@ -430,7 +432,7 @@ class BudgetController:
         self._rows_seen_epoch = self._epoch if sl is not None else -1  # every row is now a request this epoch saw
         self._rows_seen = sl
         self.last_tail_prob = p
-        return StepPlan(draft, weight, keys, out_len, cap, replan, budget)
+        return StepPlan(draft, weight, keys, out_len, cap, replan, budget, drafted)
 
     @staticmethod
     def _plan_arrays(problem_keys, output_len, num_rounds, max_output, caps, acceptance, slots, send) -> tuple:

@@ -263,7 +263,7 @@ class Speculator:
         plan = ctl.plan(inputs.key, inputs.output_len, inputs.rounds, inputs.max_output, inputs.caps, inputs.acceptance,
                         slots, inputs.send, same_rows=same_rows, _prechecked=True)
         self.last_plan = plan
-        planned = int(np.count_nonzero(plan.draft))
+        planned = plan.drafted
         # Each planned row is drafted to the cap the plan set for it (draft_caps: no longer than can pay), the others
         # not at all (their budget is 0).
         out = self._drafter_step(req_ids, token_matrix, rows, num_tokens, num_prompt, num_sampled, verified, plan.budget,
@@ -291,9 +291,10 @@ class Speculator:
         c["draft_tokens"] += draft_tokens
         if n + draft_tokens > c["peak_step_tokens"]:  # the most tokens a step offered the engine (rows + drafts)
             c["peak_step_tokens"] = n + draft_tokens
-        if len(kept):  # the most draft tokens one step verified, and one row
+        if len(kept):  # the most draft tokens one step verified, and one row (no row above the step's total)
             c["peak_step_drafts"] = max(c["peak_step_drafts"], draft_tokens)
-            c["peak_draft_len"] = max(c["peak_draft_len"], int(kept.max()))
+            if draft_tokens > c["peak_draft_len"]:
+                c["peak_draft_len"] = max(c["peak_draft_len"], int(kept.max()))
         if t0 is not None:
             ctl.observe_proposer(n, planned, time.thread_time() - t0)
         return out
