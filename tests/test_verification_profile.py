@@ -28,10 +28,14 @@ def _config(max_num_seqs=32, max_num_batched_tokens=4096, max_num_scheduled_toke
 
 
 def test_limits_follow_the_profiled_shape():
-    patched = vp.verification_limits(_config(), "patched", cpu=False, environ={})
-    assert patched == vp.VerificationLimits(32, 32, None, "profile")
-    assert vp.verification_limits(_config(), "padded", cpu=False, environ={}).longest_draft == 1
-    # the profile samples min(max_num_seqs, max_num_batched_tokens) rows
+    patched = vp.verification_limits(_config(k=2), "patched", cpu=False, environ={})
+    assert patched == vp.VerificationLimits(32, 32, None, "profile")  # N = 32 rows > 8 full drafts of K = 2
+    assert vp.verification_limits(_config(k=2), "padded", cpu=False, environ={}).longest_draft == 1
+    # room for FULL_DRAFTS_PROFILED rows drafting the full K: a small engine's tail rows keep their long drafts
+    small = vp.verification_limits(_config(max_num_seqs=8, k=64), "patched", cpu=False, environ={})
+    assert small == vp.VerificationLimits(8, vp.FULL_DRAFTS_PROFILED * 64, None, "profile")
+    assert vp.verification_limits(_config(max_num_seqs=8, k=64), "padded", cpu=False, environ={}).longest_draft == 64
+    # the profile samples min(max_num_seqs, max_num_batched_tokens) rows; D never exceeds the step's token budget
     assert vp.verification_limits(_config(max_num_batched_tokens=20), "patched", cpu=False, environ={}).draft_tokens == 20
     cpu = vp.verification_limits(_config(), "patched", cpu=True, environ={})
     assert cpu.draft_tokens is None and cpu.longest_draft is None and cpu.source.startswith("none")

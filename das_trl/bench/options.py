@@ -142,9 +142,9 @@ def add_engine_args(p: argparse.ArgumentParser, shapes: bool = False) -> None:
     g.add_argument("--max-num-seqs", type=_positive_int, default=None,
                    help="with --admission: most requests in the engine at once (default: the whole batch)")
     g.add_argument("--verify-limit", type=_verify_limit, default=None,
-                   help="the GPU engine's profiled verification shape: 'profile' (at most N = min(rows, "
-                        "max_num_batched_tokens) draft tokens per step, N / N = 1 per row on the padded shape: a GPU "
-                        "engine's default) or a number (DAS_TRL_VERIFY_DRAFT_TOKENS); default: none (the CPU build's)")
+                   help="the GPU engine's profiled verification shape: 'profile' (at most D = max(N, 8 x K) draft "
+                        "tokens per step within max_num_batched_tokens, N = min(rows, max_num_batched_tokens); D / N "
+                        "per row on the padded shape: a GPU engine's default) or a number (DAS_TRL_VERIFY_DRAFT_TOKENS); default: none (the CPU build's)")
     g.add_argument("--no-prefix-cache", action="store_true",
                    help="with --admission: every prompt is computed in full (default: a problem's later prompts hit "
                         "vLLM's prefix cache)")

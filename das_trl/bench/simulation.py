@@ -142,9 +142,9 @@ class Admission:
 
         return cls(default_max_num_batched_tokens(k, num_requests, cpu=False), max(1, num_requests), **kw)
 
-    def verification_limits(self, shape: str, draft_tokens: int | None = None):
-        """The verification limits of a GPU engine of this size (:func:`profiled_limits`)."""
-        return profiled_limits(self.max_num_seqs or self.token_budget, self.token_budget, shape, draft_tokens)
+    def verification_limits(self, shape: str, draft_tokens: int | None = None, k: int = DEFAULT_MAX_SPEC_TOKENS):
+        """The verification limits of a GPU engine of this size at draft cap ``k`` (:func:`profiled_limits`)."""
+        return profiled_limits(self.max_num_seqs or self.token_budget, self.token_budget, shape, draft_tokens, k)
 
     def cached_prompt(self, prompt_len: int) -> int:
         """Prompt tokens a prefix-cache hit skips: its full blocks but the last token's (vLLM recomputes at least the
@@ -152,17 +152,20 @@ class Admission:
         return (max(prompt_len - 1, 0) // self.block_size) * self.block_size if self.prefix_cache else 0
 
 
-def profiled_limits(max_num_seqs: int, max_num_batched_tokens: int, shape: str, draft_tokens: int | None = None):
+def profiled_limits(max_num_seqs: int, max_num_batched_tokens: int, shape: str, draft_tokens: int | None = None,
+                    num_speculative_tokens: int | None = None):
     """What a GPU engine with these sizes lets one step verify
     (:func:`das_trl.vllm.verification_profile.verification_limits`: ``N = min(max_num_seqs, max_num_batched_tokens)``
-    draft tokens per step, or ``draft_tokens`` as ``DAS_TRL_VERIFY_DRAFT_TOKENS`` sets it, and on the padded shape
-    that / ``N`` tokens per row): a ``VerificationLimits``."""
+    draft tokens per step, at least ``FULL_DRAFTS_PROFILED x num_speculative_tokens`` when that is given, or
+    ``draft_tokens`` as ``DAS_TRL_VERIFY_DRAFT_TOKENS`` sets it, and on the padded shape that / ``N`` tokens per
+    row): a ``VerificationLimits``."""
     from types import SimpleNamespace
 
     from das_trl.vllm.verification_profile import ENV_VAR, verification_limits
 
     config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=int(max_num_seqs),
-                                                              max_num_batched_tokens=int(max_num_batched_tokens)))
+                                                              max_num_batched_tokens=int(max_num_batched_tokens)),
+                             speculative_config=SimpleNamespace(num_speculative_tokens=num_speculative_tokens))
     return verification_limits(config, shape, cpu=False, environ={} if draft_tokens is None else
                                {ENV_VAR: str(int(draft_tokens))})
 

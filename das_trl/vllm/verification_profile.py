@@ -8,9 +8,11 @@ and no logprobs** (``max_num_logprobs=None``). A step that verifies more positio
 does), needs memory the profile never saw; the KV cache took the rest, so a long-draft step can run out of memory
 mid-training. das-trl's answer, per engine:
 
-* **A limit on draft tokens per step**, ``D`` (:func:`verification_limits`): by default ``N``, exactly the draft
-  tokens vLLM's profile ran through the rejection sampler, so a step verifies at most ``N + D`` positions, the
-  profiled shape. The step cap enforces it (:class:`~das_trl.vllm.speculator.Speculator`, ``max_step_drafts``); the
+* **A limit on draft tokens per step**, ``D`` (:func:`verification_limits`): by default the larger of ``N`` (the
+  draft tokens vLLM's own profile ran through the rejection sampler) and ``FULL_DRAFTS_PROFILED x K`` (room for that
+  many rows drafting the full cap ``K`` at once, so a small batch's tail rows keep their long drafts: with ``N``
+  alone, an engine sized for 8 rollouts would verify 8 draft tokens per step), within ``max_num_batched_tokens``;
+  a step verifies at most ``N + D`` positions, and the profile hook below runs that shape. The step cap enforces it (:class:`~das_trl.vllm.speculator.Speculator`, ``max_step_drafts``); the
   budget controller's plan decides which rows' drafts fill it. ``DAS_TRL_VERIFY_DRAFT_TOKENS`` sets another ``D``
   (the profile hook then reserves it).
 * **The padded shape.** Where vLLM's logprob path is not patched (:mod:`das_trl.vllm.verification_logprobs`
@@ -42,6 +44,9 @@ import torch
 logger = logging.getLogger("vllm.das_trl.verification_profile")
 
 ENV_VAR = "DAS_TRL_VERIFY_DRAFT_TOKENS"
+#: Rows drafting the full cap K that the default limit leaves room for: 8 x 64 = 512 draft tokens, whose verification
+#: with logprobs holds a few float32 copies of [512, vocab] (about 1.5 GB at Qwen2's 151,936), reserved by the hook.
+FULL_DRAFTS_PROFILED = 8
 #: top logprobs per position the profile asks for (TRL asks 0; a top-k output is ``[positions, k + 1]``, small)
 PROFILE_NUM_LOGPROBS = 20
 
@@ -56,7 +61,8 @@ class VerificationLimits:
         profiled_rows: ``N``, the rows vLLM's profile sampled (``min(max_num_seqs, max_num_batched_tokens)``).
         draft_tokens: ``D``, the most draft tokens per step (``None``: no limit, the CPU build).
         longest_draft: the most draft tokens of one row (``None``: no limit; ``D // N`` on the padded shape).
-        source: where ``D`` comes from: ``"profile"`` (vLLM's one draft per row), ``"DAS_TRL_VERIFY_DRAFT_TOKENS"``,
+        source: where ``D`` comes from: ``"profile"`` (the default: ``max(N, FULL_DRAFTS_PROFILED x K)`` within
+            ``max_num_batched_tokens``, run by the profile hook), ``"DAS_TRL_VERIFY_DRAFT_TOKENS"``,
             or ``"none: CPU build (no memory profile)"``.
     """
 
@@ -115,7 +121,11 @@ def verification_limits(vllm_config: Any, shape: str, cpu: bool,
     if drafts is None:
         if cpu:
             return VerificationLimits(rows, None, None, "none: CPU build (no memory profile)")
-        drafts, source = rows, "profile"
+        spec = getattr(vllm_config, "speculative_config", None)
+        k = getattr(spec, "num_speculative_tokens", None)
+        k = k if isinstance(k, int) and not isinstance(k, bool) and k > 0 else 0
+        budget = vllm_config.scheduler_config.max_num_batched_tokens
+        drafts, source = min(max(rows, FULL_DRAFTS_PROFILED * k), budget), "profile"
     return VerificationLimits(rows, drafts, drafts // rows if shape == "padded" else None, source)
 
 
