@@ -391,13 +391,14 @@ def check_drafter_defaults() -> list[Check]:
     trainer's compute dtype (float32 there), where vLLM's own ``auto`` would downcast to bfloat16.
     """
     from das_trl.drafter import DrafterConfig
-    from das_trl.drafter.config import LIVE_TREE_BYTES_PER_TOKEN
+    from das_trl.drafter.config import NATIVE_LIVE_BYTES_PER_FINISHED_TOKEN
 
     config = DrafterConfig()
     budget = config.live_token_budget
+    gigabytes = budget * NATIVE_LIVE_BYTES_PER_FINISHED_TOKEN / 1e9
     out = [Check("live pool budget", OK, f"das_live_token_budget {budget:,} tokens (finished outputs held for "
-                 f"siblings until their problem's next push; at most ~{2 * budget * LIVE_TREE_BYTES_PER_TOKEN / 1e9:.1f} "
-                 f"GB of engine RAM), history budget {config.history_token_budget:,} tokens")]
+                 f"siblings until their problem's next push; at most ~{gigabytes:.1f} GB of engine RAM with the "
+                 f"native core), history budget {config.history_token_budget:,} tokens")]
     from das_trl.defaults.model import DEFAULT_MODEL_NAME, default_cache_dir
     from das_trl.vllm.dtype import checkpoint_dtype
 
@@ -461,13 +462,20 @@ def format_report(checks: list[Check]) -> str:
     return "\n".join([c.line() for c in checks] + [verdict])
 
 
+class _OneLineErrors(argparse.ArgumentParser):
+    """Errors in one line (``das-trl doctor: error: ...``), exit code 2, without the usage block."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} ({self.prog} --help lists the flags)\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     """``das-trl doctor [--server URL] [--driver-only]``: print the report; returns 1 when any check fails, else 0.
 
     ``--driver-only`` checks just the NVIDIA driver for the CUDA 13 stack of vLLM 0.32/0.33, with the standard library
     only (``scripts/setup_env.sh`` runs it before installing the CUDA build: ``python -m das_trl.doctor --driver-only``).
     """
-    parser = argparse.ArgumentParser(prog="das-trl doctor", description=__doc__.splitlines()[0])
+    parser = _OneLineErrors(prog="das-trl doctor", description=__doc__.splitlines()[0])
     parser.add_argument("--server", default=None,
                         help="also check a running DAS server at this address ([http://]HOST:PORT)")
     parser.add_argument("--driver-only", action="store_true",

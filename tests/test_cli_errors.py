@@ -161,6 +161,15 @@ def _no_process(*args, **kwargs):
     (["--gpu-memory-utilization", "7"], "--gpu-memory-utilization 7.0: allowed a fraction above 0 and at most 1"),
     (["--pipeline-parallel-size", "two"], "argument --pipeline-parallel-size/-pp: invalid int value: 'two'"),
     (["--print-trl-command", "--drafter-config", '{"window": 4}'], "--drafter-config cannot travel through trl"),
+    # flags that would replace DAS's own (vLLM keeps the last value): the server would start and never attach
+    (["--speculative-config", '{"method": "suffix"}'], "--speculative-config: das-trl serve sets"),
+    (["--print-trl-command", '--speculative_config={"method": "ngram"}'], "--speculative-config: das-trl serve sets"),
+    (["--speculative-config.num_speculative_tokens", "8"], "--speculative-config: das-trl serve sets"),
+    (["--spec-tokens", "8"], "--spec-tokens: das-trl serve sets"),
+    (["--worker-extension-cls", "my.Ext"], "--worker-extension-cls: das-trl serve sets"),
+    (["--max-num-seqs", "0"], "--max-num-seqs 0: allowed 1 or more"),
+    (["--data-parallel-size", "-1"], "--data-parallel-size -1: allowed 1 or more"),
+    (["--max-payload-bytes", "0"], "--max-payload-bytes 0: allowed 1 or more"),
 ])
 def test_serve_refuses_bad_settings_in_one_line_before_starting_anything(argv, says, monkeypatch, caplog, capsys):
     import subprocess
@@ -172,6 +181,21 @@ def test_serve_refuses_bad_settings_in_one_line_before_starting_anything(argv, s
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert len(errors) == 1 and says in errors[0] and "\n" not in errors[0], errors
     assert "usage:" not in capsys.readouterr().err
+
+
+def test_serve_refuses_a_model_folder_without_a_config(tmp_path, monkeypatch, caplog):
+    # vLLM would start up (imports, a worker) before finding no config.json in it.
+    import subprocess
+
+    from das_trl.vllm import serve
+
+    monkeypatch.setattr(subprocess, "Popen", _no_process)
+    assert serve.main(["--model", str(tmp_path), "--print-trl-command"]) == 2
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and f"--model {tmp_path}: a folder without a model config" in errors[0], errors
+    (tmp_path / "config.json").write_text("{}")
+    args = serve.build_parser().parse_args(["--model", str(tmp_path)])
+    assert serve.check_serve_args(args) == []
 
 
 def test_serve_lets_hub_names_through_and_parses_flags_in_one_line(capsys):
@@ -256,4 +280,6 @@ def test_doctor_server_accepts_an_address_without_http(monkeypatch, capsys):
     assert seen == ["http://localhost:8000"]
     with pytest.raises(SystemExit) as exc:
         doctor.main(["--server", "ftp://localhost:8000"])
-    assert exc.value.code == 2 and "--server: server address 'ftp://localhost:8000'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "--server: server address 'ftp://localhost:8000'" in err
+    assert err.count("\n") == 1 and "usage:" not in err  # one line, as das-trl serve's

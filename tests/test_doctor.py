@@ -22,6 +22,17 @@ def test_doctor_passes_here_and_cli_dispatches(capsys):
     assert out.strip().splitlines()[-1].startswith("[das-trl] doctor:")
 
 
+def test_live_pool_figure_is_the_one_the_pages_give():
+    # The doctor said ~1.6 GB (the reference drafter's bytes per tree, twice) where every page says 0.9 GB.
+    import re
+    from pathlib import Path
+
+    detail = doctor.check_drafter_defaults()[0].detail
+    shown = re.search(r"at most ~([0-9.]+) GB", detail).group(1)
+    tuning = (Path(__file__).resolve().parents[1] / "docs" / "tuning.md").read_text()
+    assert f"so 2M tokens is about {shown} GB at most" in " ".join(tuning.split()), (shown, detail)
+
+
 def test_version_check_ranges():
     assert doctor.version_check("trl", "1.16.0", (1, 14), (1, 17), "hint").status == doctor.OK
     old = doctor.version_check("trl", "1.12.3", (1, 14), (1, 17), "pip install 'trl>=1.14,<1.17'")

@@ -13,6 +13,12 @@ from dataclasses import asdict, dataclass, field
 #: docs/reliability.md. The reference's ``stats()["live_approx_bytes"]`` is this times ``live_tree_tokens``.
 LIVE_TREE_BYTES_PER_TOKEN = 400
 
+#: RAM per finished token the native core's live pool holds at most, in bytes: the token sits in the sibling and the
+#: batch automaton (random tokens, the worst case: 428-441 B of RSS per finished token held,
+#: ``python -m das_trl.bench.micro.live_memory``; docs/reliability.md). The pages' "about 0.43 KB per token, 0.9 GB
+#: at the default 2M" and ``das-trl doctor`` use it.
+NATIVE_LIVE_BYTES_PER_FINISHED_TOKEN = 430
+
 #: The default hard cap K of draft tokens per request per round: the drafter's ``max_spec_tokens``, the engine's
 #: ``num_speculative_tokens`` (``das_trl.vllm.engine``) and the trainer's ``das_num_speculative_tokens``.
 DEFAULT_MAX_SPEC_TOKENS = 64

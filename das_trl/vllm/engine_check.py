@@ -58,6 +58,23 @@ DATA_PARALLEL_LB_MESSAGE = (
 DATA_PARALLEL_LB_FLAGS = ("--data-parallel-external-lb", "--data-parallel-rank", "--data-parallel-hybrid-lb",
                           "--data-parallel-start-rank", "--data-parallel-multi-port-external-lb", "--headless")
 
+#: vLLM flags that set what ``das-trl serve`` sets itself for the DAS drafter (vLLM 0.32 / 0.33
+#: ``EngineArgs.add_cli_args``): given again they replace das-trl's (vLLM keeps the last value) or clash with it
+#: (``--spec-*``: "... and --speculative-config[...] are mutually exclusive"), and the drafter cannot attach.
+DAS_OWNED_FLAGS = ("--speculative-config", "-sc", "--spec-method", "--spec-model", "--spec-tokens",
+                   "--worker-extension-cls")
+
+DAS_OWNED_MESSAGE = (
+    "{flag}: das-trl serve sets vLLM's speculative config (the DAS proposer) and worker extension itself; a flag of "
+    "your own would replace or clash with them and the drafter could not attach. Allowed: leave it out (K is "
+    "--num-speculative-tokens, the drafter's settings --drafter-config). Next step: drop {flag}; to serve another "
+    "speculative method, start vLLM without das-trl."
+)
+
+#: Sizes a server needs at least one of (vLLM's own configs require >= 1; refused here before vLLM's start-up).
+POSITIVE_SERVER_FLAGS = (("--max-num-seqs", "max_num_seqs"), ("--data-parallel-size", "data_parallel_size"),
+                         ("--pipeline-parallel-size", "pipeline_parallel_size"))
+
 
 def _v2_runner_requested(environ: Mapping[str, str]) -> str | None:
     """The value of ``VLLM_USE_V2_MODEL_RUNNER`` when it turns the V2 runner on, else ``None``.
@@ -179,7 +196,8 @@ def check_server_args(vllm_args: Sequence[str], environ: Mapping[str, str] | Non
     Returns:
         one message per problem (``--async-scheduling``, ``--pipeline-parallel-size``/``-pp`` > 1 on a release not
         in :data:`PIPELINE_VERIFIED_RELEASES`, a data-parallel load-balancing mode in which one server does not reach
-        every engine, ``VLLM_USE_V2_MODEL_RUNNER``), each naming the flag, its value, the allowed values and the next
+        every engine, ``VLLM_USE_V2_MODEL_RUNNER``, a flag of :data:`DAS_OWNED_FLAGS`, a count of
+        :data:`POSITIVE_SERVER_FLAGS` below 1), each naming the flag, its value, the allowed values and the next
         step. ``--data-parallel-size N`` alone is allowed.
     """
     environ = os.environ if environ is None else environ
@@ -192,6 +210,16 @@ def check_server_args(vllm_args: Sequence[str], environ: Mapping[str, str] | Non
     except ValueError as exc:
         return [*problems, f"{exc} (a flag passed on to vLLM's server, whose parser refuses it too). Next step: give "
                            "the value vLLM expects (`vllm serve --help` lists each flag's type)."]
+    for token in vllm_args:
+        name = _normalize_flag(token).partition("=")[0]
+        flag = name if name in DAS_OWNED_FLAGS else name.partition(".")[0]  # vLLM also reads --speculative-config.KEY
+        if flag in DAS_OWNED_FLAGS:
+            problems.append(DAS_OWNED_MESSAGE.format(flag=flag))
+    for flag, dest in POSITIVE_SERVER_FLAGS:
+        value = getattr(flags, dest)
+        if value is not None and value < 1:
+            problems.append(f"{flag} {value}: allowed 1 or more. Next step: give a positive count, or leave the flag "
+                            "out for the default.")
     if flags.async_scheduling:
         problems.append(ASYNC_SCHEDULING_MESSAGE.format(
             where="--async-scheduling", value=True, fix="drop --async-scheduling from the das-trl serve command"))

@@ -14,9 +14,10 @@ also loads das-trl's endpoint plugin (:mod:`das_trl.vllm.endpoints`, through ``V
 ``--max-num-batched-tokens`` that fits drafted batches unless one is given
 (:func:`~das_trl.vllm.engine.default_max_num_batched_tokens`). Settings that cannot run the drafter
 (``--async-scheduling``, ``--pipeline-parallel-size`` > 1, data-parallel modes in which one server does not reach
-every engine, ``VLLM_USE_V2_MODEL_RUNNER=1``, K out of 1..64) are refused before the server starts
-(:mod:`das_trl.vllm.engine_check`), as are a port outside 1..65535, a local ``--model`` path that does not exist and a
-``--gpu-memory-utilization`` outside (0, 1] (:func:`check_serve_args`). A server that stops by itself while serving
+every engine, ``VLLM_USE_V2_MODEL_RUNNER=1``, K out of 1..64, a ``--speculative-config`` or ``--worker-extension-cls``
+that would replace DAS's, ``--max-num-seqs`` below 1) are refused before the server starts
+(:mod:`das_trl.vllm.engine_check`), as are a port outside 1..65535, a local ``--model`` path that does not exist or
+holds no model config and a ``--gpu-memory-utilization`` outside (0, 1] (:func:`check_serve_args`). A server that stops by itself while serving
 ends ``das-trl serve`` with one line naming the cause and a non-zero exit code (:func:`serve_until_exit`).
 ``--print-trl-command`` prints the ``trl vllm-serve`` line that starts the same server (:mod:`das_trl.vllm.trl_serve`)
 and starts nothing.
@@ -237,14 +238,19 @@ def looks_local(model: str) -> bool:
             or "\\" in model)
 
 
+#: The files vLLM reads a local model's configuration from (Hugging Face's, and Mistral's format).
+MODEL_CONFIG_FILES = ("config.json", "params.json")
+
+
 def check_serve_args(args: argparse.Namespace) -> list[str]:
     """Problems with ``das-trl serve``'s own flags that vLLM would report only after its start-up (or, for a port,
     not at all: it would bind somewhere else or fail late); empty when there are none.
 
     Returns:
         one line per problem: ``--port`` outside 1..65535, ``--gpu-memory-utilization`` outside (0, 1],
-        ``--max-model-len`` / ``--startup-timeout`` not positive, a local-looking ``--model`` path that does not exist
-        (hub names such as ``ORG/NAME`` pass: vLLM downloads them).
+        ``--max-model-len`` / ``--startup-timeout`` / ``--max-payload-bytes`` not positive, a local-looking ``--model`` path that does not exist,
+        a ``--model`` folder without a model config (:data:`MODEL_CONFIG_FILES`) (hub names such as ``ORG/NAME`` pass:
+        vLLM downloads them).
     """
     problems = []
     if not 1 <= args.port <= 65535:
@@ -259,9 +265,17 @@ def check_serve_args(args: argparse.Namespace) -> list[str]:
                         "prompt + completion + K); leave it out for the model's own length.")
     if not args.startup_timeout > 0:
         problems.append(f"--startup-timeout {args.startup_timeout}: allowed a positive number of seconds.")
+    if args.max_payload_bytes is not None and args.max_payload_bytes < 1:
+        problems.append(f"--max-payload-bytes {args.max_payload_bytes}: allowed 1 or more bytes (the largest history "
+                        "payload the workers accept; default 256 MiB).")
     if args.model is not None and looks_local(args.model) and not os.path.exists(args.model):
         problems.append(f"--model {args.model}: no such file or folder (a local path; hub models are named ORG/NAME). "
                         "Next step: give the folder that holds the model's config.json, or a hub name.")
+    elif args.model is not None and os.path.isdir(args.model) and not any(
+            os.path.isfile(os.path.join(args.model, name)) for name in MODEL_CONFIG_FILES):
+        problems.append(f"--model {args.model}: a folder without a model config ({' or '.join(MODEL_CONFIG_FILES)}), "
+                        "which vLLM reads first. Next step: give the folder that holds the model's config.json, or a "
+                        "hub name.")
     return problems
 
 
@@ -396,9 +410,6 @@ def main(argv: list[str] | None = None) -> int:
     env = server_environment()
     logger.info("%s", headroom_note(args.max_model_len, args.num_speculative_tokens))
     if args.max_payload_bytes is not None:
-        if args.max_payload_bytes < 1:
-            logger.error("--max-payload-bytes must be >= 1, got %s", args.max_payload_bytes)
-            return 2
         env["DAS_TRL_MAX_PAYLOAD_BYTES"] = str(args.max_payload_bytes)
     if args.print_trl_command:
         from das_trl.vllm.metadata_alias import COMMAND, alias_needed
