@@ -31,6 +31,12 @@ def _replay(capsys, *args):
     return rc, captured.err, captured.out
 
 
+def test_missing_rollouts_file_names_the_flag_and_where_rollouts_come_from(tmp_path, capsys):
+    # It said "[Errno 2] No such file or directory: '...'" (the README's example before the main job has run).
+    rc, err, _ = _replay(capsys, "--rollouts", tmp_path / "missing.jsonl")
+    assert rc == 2 and f"--rollouts {tmp_path / 'missing.jsonl'}: no such file" in err and "das_record_rollouts" in err
+
+
 def test_rollouts_directory_is_exit_2(tmp_path, capsys):
     rc, err, _ = _replay(capsys, "--rollouts", tmp_path)
     assert rc == 2 and f"{tmp_path} is a directory, not a rollouts file" in err
@@ -283,3 +289,30 @@ def test_doctor_server_accepts_an_address_without_http(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert exc.value.code == 2 and "--server: server address 'ftp://localhost:8000'" in err
     assert err.count("\n") == 1 and "usage:" not in err  # one line, as das-trl serve's
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--max-num-seqs", "-1"], "--max-num-seqs -1: allowed 1 or more"),  # vLLM's config refused it after start-up
+    (["--prompts", "0"], "--prompts 0: allowed 1 or more"),
+    (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization 1.5: allowed a fraction"),
+    (["--temperature", "nan"], "--temperature nan: allowed a finite number >= 0"),
+    (["--time-limit", "0"], "--time-limit 0.0: allowed a positive number of seconds"),
+])
+def test_bench_live_refuses_bad_sizes_before_any_engine(argv, says, monkeypatch, tmp_path, capsys):
+    from das_trl.bench.live import run
+
+    monkeypatch.setattr(run, "run_live", _no_process)
+    rc = cli_main(["bench", "live", "--out", str(tmp_path / "out"), *argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"das-trl bench live: error: {says}" in err, err
+
+
+def test_bench_live_refuses_an_out_folder_under_a_file_before_the_run(monkeypatch, tmp_path, capsys):
+    # The results were written after every batch had run: a file in the way failed then, with a traceback.
+    from das_trl.bench.live import run
+
+    monkeypatch.setattr(run, "run_live", _no_process)
+    (tmp_path / "file").write_text("")
+    rc = cli_main(["bench", "live", "--out", str(tmp_path / "file" / "live")])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"{tmp_path / 'file'} is a file, so the results could not be written there" in err, err

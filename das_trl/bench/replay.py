@@ -114,6 +114,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         DrafterConfig(**das_ov)  # its values too, before any drafter runs
     if args.json and Path(args.json).is_dir():
         raise ValueError(f"--json {args.json} is a directory; give a file path")
+    if not Path(args.rollouts).exists():
+        raise FileNotFoundError(f"--rollouts {args.rollouts}: no such file. Next step: record rollouts with the "
+                                "trainer's das_record_rollouts (bash scripts/main_job.sh writes "
+                                "runs/embedded-default/rollouts.jsonl), or replay a committed set: benchmarks/sets/")
     shape = args.verification_shape
     cc = controller_config(args.c_base, args.c_tok, json_overrides(args.controller, "--controller", ControllerConfig),
                            args.c_logprob, shape)

@@ -196,9 +196,42 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse, before any engine starts, sizes vLLM would refuse only after its start-up and an ``--out`` that could
+    not be written once the batches have run.
+
+    Raises:
+        ValueError: a count below 1 (``--prompts``, ``--samples``, ``--max-tokens``, ``--max-model-len``,
+            ``--kv-cache-bytes``, ``--max-num-seqs``), ``--warm-epochs`` below 0, ``--temperature`` below 0 or not
+            finite, ``--gpu-memory-utilization`` outside (0, 1], ``--time-limit`` not positive, or ``--out`` (or a
+            folder above it) an existing file.
+    """
+    for flag in ("prompts", "samples", "max_tokens", "max_model_len", "kv_cache_bytes", "max_num_seqs"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} {getattr(args, flag)}: allowed 1 or more")
+    if args.warm_epochs < 0:
+        raise ValueError(f"--warm-epochs {args.warm_epochs}: allowed 0 or more")
+    if not 0.0 <= args.temperature < float("inf"):
+        raise ValueError(f"--temperature {args.temperature}: allowed a finite number >= 0")
+    if not 0.0 < args.gpu_memory_utilization <= 1.0:
+        raise ValueError(f"--gpu-memory-utilization {args.gpu_memory_utilization}: allowed a fraction above 0 and at "
+                         "most 1")
+    if args.time_limit is not None and not args.time_limit > 0:
+        raise ValueError(f"--time-limit {args.time_limit}: allowed a positive number of seconds")
+    for folder in (Path(args.out), *Path(args.out).parents):
+        if folder.is_file():
+            raise ValueError(f"--out {args.out}: {folder} is a file, so the results could not be written there "
+                             "after the run; give a folder")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``das-trl bench live``; returns 0 when every check passed, 1 otherwise."""
+    """Entry point of ``das-trl bench live``; returns 0 when every check passed, 1 otherwise.
+
+    Raises:
+        ValueError: bad arguments (:func:`check_args`), an unknown drafter or an unusable history file.
+    """
     args = parse_args(argv)
+    check_args(args)
     cfg = LiveConfig(
         model=args.model, drafters=tuple(x.strip() for x in args.drafters.split(",") if x.strip()), task=args.task,
         prompts=args.prompts, samples=args.samples, max_tokens=args.max_tokens, temperature=args.temperature,
