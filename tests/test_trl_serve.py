@@ -46,8 +46,10 @@ def test_trl_command_starts_the_same_vllm_server_as_das_trl_serve(cpu):
     from trl.scripts.vllm_serve import build_command as trl_build_command
     from trl.scripts.vllm_serve import make_parser
 
+    # --enable-prefix-caching and --trust-remote-code: vLLM switches that TRL's parser reads as its own fields
     args, extra = _serve_args("--max-model-len", "768", "--num-speculative-tokens", "8", "--max-num-seqs", "16",
-                              "--enforce-eager", "--data-parallel-size", "2")
+                              "--enforce-eager", "--data-parallel-size", "2", "--enable-prefix-caching",
+                              "--trust-remote-code")
     ours = serve.build_command(args, extra, cpu=cpu, release=(0, 32, 0))
     line = serve.trl_command_line(args, extra, cpu, {"VLLM_PLUGINS": "das_trl,das_trl_rpc"}, release=(0, 32, 0))
     words = shlex.split(line)

@@ -21,6 +21,10 @@ from collections.abc import Mapping, Sequence
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 #: Flags ``trl vllm-serve`` sets itself (TRL 1.16 ``build_command``), with how many values each takes.
 TRL_SETS = {"--logprobs-mode": 1, "--max-logprobs": 1, "--enable-scale-out": 0, "--weight-transfer-config": 1}
+#: vLLM switches that ``trl vllm-serve`` reads as fields of its own taking a value (TRL 1.16 ``ScriptArguments``:
+#: ``enable_prefix_caching: bool | None``; a bare ``--enable-prefix-caching`` stops its parser with "expected one
+#: argument"), with the value that means the bare switch. TRL passes ``--enable-prefix-caching`` on to vLLM for it.
+TRL_VALUED_SWITCHES = {"--enable-prefix-caching": "true", "--enable_prefix_caching": "true"}
 #: The environment variables ``das-trl serve`` sets that a ``trl vllm-serve`` command must carry (TRL sets
 #: ``VLLM_SERVER_DEV_MODE=1`` itself).
 CARRIED_ENV = ("VLLM_PLUGINS", "DAS_TRL_MAX_PAYLOAD_BYTES")
@@ -33,7 +37,8 @@ def trl_serve_command(server_command: Sequence[str]) -> list[str]:
         server_command: :func:`das_trl.vllm.serve.build_command`'s output (``[python, "-m", SERVER_MODULE, flags...]``).
 
     Returns:
-        the command, the flags in their order, without those in :data:`TRL_SETS`.
+        the command, the flags in their order, without those in :data:`TRL_SETS`, and with the value TRL's parser
+        needs after a bare switch of :data:`TRL_VALUED_SWITCHES`.
 
     Raises:
         ValueError: ``server_command`` does not run :data:`SERVER_MODULE`.
@@ -48,6 +53,8 @@ def trl_serve_command(server_command: Sequence[str]) -> list[str]:
             i += 1 + (TRL_SETS[name] if "=" not in flags[i] else 0)
             continue
         out.append(flags[i])
+        if flags[i] in TRL_VALUED_SWITCHES:
+            out.append(TRL_VALUED_SWITCHES[flags[i]])
         i += 1
     return ["trl", "vllm-serve", *out]
 
