@@ -149,6 +149,17 @@ def test_the_committed_headline_is_traceable_to_the_suite_json():
     assert re.findall(r"\d\.\d\dx", first) == [f"{mean:.2f}x", f"{min(vs_best):.2f}x", f"{max(vs_best):.2f}x"]
 
 
+def test_default_pages_are_the_ones_bench_page_sh_rewrites():
+    """``das-trl bench page`` without ``--pages`` rewrites the same pages as ``scripts/bench_page.sh`` (the realdata
+    sources table included), and those pages match the committed suite JSON."""
+    root = Path(__file__).resolve().parents[1]
+    script = (root / "scripts" / "bench_page.sh").read_text()
+    pages = re.search(r"das-trl bench page --json \S+ --pages (.+?) --img", script).group(1).split()
+    assert page.parse_args(["--json", "x"]).pages == pages
+    argv = ["--json", str(root / "benchmarks" / "results" / "suite.json.gz"), "--no-figures", "--check", "--pages"]
+    assert page.main(argv + [str(root / p) for p in pages]) == 0
+
+
 def test_blocks_are_rewritten_and_check_fails_when_stale(payload, tmp_path, capsys):
     path = tmp_path / "suite.json"
     path.write_text(json.dumps(payload))

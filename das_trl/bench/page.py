@@ -3,8 +3,8 @@ the figures, all generated from what ``das-trl bench suite --json`` wrote
 (:func:`das_trl.bench.report.write_suite_json`).
 
 ``das-trl bench page --json benchmarks/results/suite.json.gz`` rewrites every marked block
-(``<!-- bench:NAME:start -->`` ... ``<!-- bench:NAME:end -->``) of ``docs/benchmarks.md`` and ``README.md`` and writes the figures
-(:mod:`das_trl.bench.figures`) into ``docs/img/``; ``--check`` writes nothing and exits 1 when a block differs from
+(``<!-- bench:NAME:start -->`` ... ``<!-- bench:NAME:end -->``) of ``docs/benchmarks.md``,
+``benchmarks/realdata.md`` and ``README.md`` and writes the figures (:mod:`das_trl.bench.figures`) into ``docs/img/``; ``--check`` writes nothing and exits 1 when a block differs from
 what the JSON gives. ``scripts/bench_page.sh`` runs the suite and then this. Optional keys are shown when present:
 extra bounds (a ``ratios`` entry with ``"bound": true``) get a column, a point's ``reliability`` a section, ``host``
 and ``das_trl_commit`` a line. The prose around the blocks describes the method; the numbers are all in the blocks.
@@ -331,7 +331,7 @@ def check_markers(text: str, where: str = "page") -> None:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="das-trl bench page", description=__doc__.split("\n\n")[0])
     p.add_argument("--json", required=True, help="the suite JSON (das-trl bench suite --json)")
-    p.add_argument("--pages", nargs="+", default=["docs/benchmarks.md", "README.md"],
+    p.add_argument("--pages", nargs="+", default=["docs/benchmarks.md", "benchmarks/realdata.md", "README.md"],
                    help="markdown files whose marked blocks are rewritten (default: %(default)s)")
     p.add_argument("--img", default="docs/img", help="folder for the figures (default: %(default)s)")
     p.add_argument("--no-figures", action="store_true", help="rewrite the blocks only")
