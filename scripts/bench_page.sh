@@ -2,7 +2,7 @@
 # Regenerate the benchmarks page from one suite run: the replay suite's JSON (benchmarks/results/suite.json.gz), then
 # the tables of docs/benchmarks.md, the README's headline block and the figures in docs/img/ (das-trl bench page).
 #
-#   bash scripts/bench_page.sh                    # the whole suite (tens of minutes on 2 cores), then the page
+#   bash scripts/bench_page.sh                    # the whole suite (about 5 minutes on 2 idle cores), then the page
 #   bash scripts/bench_page.sh --page-only        # the page from the committed JSON (seconds)
 #   SUITE_CACHE=/tmp/suite-cache bash scripts/bench_page.sh   # reuse the cost-independent drafters' results
 #
