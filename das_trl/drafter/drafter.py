@@ -449,7 +449,10 @@ class NativeDASDrafter:
           in its last step; ``ingest_background_cpu_seconds``: its CPU time in all (less than the steady time when
           the thread waited for a core);
         * ``ingest_queued_tokens``: tokens (and started prompts' tokens) waiting for the thread when stats was
-          called (what was queued since the queue was last completed).
+          called (what was queued since the queue was last completed);
+        * ``ingest_wakeups``: offers of queued tokens that had to wake the thread (it polls for work for a while
+          after each ingest, so steps of a decoding batch wake nobody); ``ingest_thread_cpu_seconds``: the thread's
+          whole CPU time, its ingests and its polling.
 
         The live figures are read after any deferred ingest is complete."""
         with self._lock:
@@ -476,7 +479,8 @@ class NativeDASDrafter:
             ingest_background_seconds=s["ingest_background_seconds"],
             ingest_last_seconds=s["ingest_last_seconds"],
             ingest_background_cpu_seconds=s["ingest_background_cpu_seconds"],
-            ingest_queued_tokens=s["ingest_queued_tokens"],
+            ingest_queued_tokens=s["ingest_queued_tokens"], ingest_wakeups=s["ingest_wakeups"],
+            ingest_thread_cpu_seconds=s["ingest_thread_cpu_seconds"],
             backend="native")
         out["global_seqs"] = out.pop("global_seqs") or 0
         return out

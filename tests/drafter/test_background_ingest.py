@@ -307,6 +307,19 @@ def test_calls_while_ingest_in_flight(hold):
     assert bg.check() == "" and sync.check() == ""
 
 
+def started_batch(d, rng, n: int, out_len: int):
+    """``n`` requests started on ``d`` with one 10-token prompt; their matrix rows hold it and ``out_len`` random
+    output tokens. Returns ``(ids, prompt, matrix, rows)``."""
+    ids = [f"b{i}" for i in range(n)]
+    prompt = rng.integers(0, 40, 10).tolist()
+    for r in ids:
+        d.start_request(r, prompt)
+    matrix = np.zeros((n, 10 + out_len), np.int32)
+    matrix[:, :10] = prompt
+    matrix[:, 10:] = rng.integers(0, 40, (n, out_len))
+    return ids, prompt, matrix, np.arange(n, dtype=np.int32)
+
+
 def test_quiet_steps_queue_without_waiting_and_drafting_steps_complete_the_queue():
     """Steps where no row drafts (and starts) queue their tokens behind whatever earlier steps left, without
     completing it; the queue holds exactly what was queued since it was last completed; a drafting step completes
@@ -316,15 +329,8 @@ def test_quiet_steps_queue_without_waiting_and_drafting_steps_complete_the_queue
     d = make(True)
     d._core.hold_ingest(True)  # the thread takes nothing: what is queued stays until a caller needs the state
     n = 32
-    ids = [f"b{i}" for i in range(n)]
-    prompt = rng.integers(0, 40, 10).tolist()
-    for r in ids:
-        d.start_request(r, prompt)
-    matrix = np.zeros((n, 10 + 3000), np.int32)
-    matrix[:, :10] = prompt
-    matrix[:, 10:] = rng.integers(0, 40, (n, 3000))
+    ids, prompt, matrix, rows = started_batch(d, rng, n, 3000)
     pos = np.zeros(n, np.int32)
-    rows = np.arange(n, dtype=np.int32)
     deferred = 0
     waiting = n * len(prompt)  # the started requests' prompts are queued too
     for step in range(42):  # the last two queue for the thread
@@ -454,6 +460,40 @@ def test_trim_after_an_unreleased_step_does_not_ingest_and_release_hands_it_to_t
     s = d.stats()
     assert s["ingest_queued_tokens"] == 0 and s["ingest_caller_steps"] == 2 and s["deferred_steps"] == 2
     assert s["drafts"] == 2 and d.check() == ""
+
+
+def test_quiet_steps_in_quick_succession_wake_the_thread_at_most_once():
+    """The ingest thread polls for queued tokens for a while after its last ingest (a wake-up costs the engine's
+    thread a system call per step): steps that follow each other within that window offer their tokens without
+    waking it, and the thread still ingests every one of them itself (no caller ingest). After a pause longer than
+    the window it parks, and the next offer wakes it."""
+    rng = np.random.default_rng(4)
+    d = make(True)
+    n = 16
+    ids, prompt, matrix, rows = started_batch(d, rng, n, 400)
+
+    def quiet(step: int) -> None:
+        d.step(ids, matrix, rows, np.full(n, 10 + step, np.int32), np.full(n, 10, np.int32), np.ones(n, np.int32),
+               np.full(n, -1, np.int32), np.zeros(n, np.int32))
+        for _ in range(500):  # the thread takes them on its own (within its poll interval)
+            if d._core.ingest_queued_tokens() == 0:
+                return
+            time.sleep(0.001)
+        raise AssertionError(f"step {step}: the ingest thread left the tokens queued")
+
+    quiet(1)  # the thread may be parked before the first offer (it polled since its start): at most one wake-up
+    first = d.stats()["ingest_wakeups"]
+    assert first <= 1
+    for step in range(2, 40):
+        quiet(step)
+    s = d.stats()
+    assert s["ingest_wakeups"] == first  # none of these 38 steps woke it
+    assert s["ingest_caller_steps"] == 0 and s["deferred_steps"] == 39
+    assert s["ingest_thread_cpu_seconds"] >= s["ingest_background_cpu_seconds"] > 0.0
+    time.sleep(0.3)  # longer than the poll window: the thread parks
+    quiet(40)
+    assert d.stats()["ingest_wakeups"] == first + 1
+    assert d.check() == ""
 
 
 def test_trim_slots_equals_trim_by_id():

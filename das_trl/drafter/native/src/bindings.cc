@@ -300,6 +300,8 @@ NB_MODULE(_das_native, m) {
              out["ingest_background_seconds"] = g.background_seconds;
              out["ingest_last_seconds"] = g.last_seconds;
              out["ingest_background_cpu_seconds"] = g.background_cpu_seconds;
+             out["ingest_thread_cpu_seconds"] = g.thread_cpu_seconds;
+             out["ingest_wakeups"] = g.wakeups;
              out["ingest_queued_tokens"] = g.queued_tokens;
              out["active_requests"] = l.active_requests;
              out["sibling_groups"] = l.sibling_groups;

@@ -1,5 +1,6 @@
 #include "drafter.h"
 
+#include <pthread.h>
 #include <time.h>
 
 #include <algorithm>
@@ -136,9 +137,21 @@ Drafter::~Drafter() {
 
 void Drafter::ingest_loop() {
   Lock lk(mu_);
+  auto last_work = std::chrono::steady_clock::now();
   for (;;) {
-    ingest_cv_.wait(lk, [this] { return ingest_stop_ || (!ingest_hold_ && ingest_ready_ && !defer_rows_.empty()); });
     if (ingest_stop_) return;
+    if (ingest_hold_ || !ingest_ready_ || defer_rows_.empty()) {  // nothing to take: poll, or park after a pause
+      if (std::chrono::steady_clock::now() - last_work < kIngestPollWindow) {
+        lk.unlock();
+        std::this_thread::sleep_for(kIngestPollInterval);
+        lk.lock();
+      } else {
+        ingest_parked_ = true;
+        ingest_cv_.wait(lk);
+        ingest_parked_ = false;
+      }
+      continue;
+    }
     const auto t0 = std::chrono::steady_clock::now();
     const double c0 = thread_cpu_seconds();
     ingesting_.store(true, std::memory_order_relaxed);
@@ -154,6 +167,7 @@ void Drafter::ingest_loop() {
     ingest_.background_seconds += dt;
     ingest_.last_seconds = dt;
     ingest_.background_cpu_seconds += thread_cpu_seconds() - c0;
+    last_work = std::chrono::steady_clock::now();
   }
 }
 
@@ -206,11 +220,16 @@ void Drafter::catch_up_history_locked() {
 }
 
 void Drafter::release_ingest() {
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    if (defer_rows_.empty()) return;
-    ingest_ready_ = true;
-  }
+  Lock lk(mu_);
+  if (defer_rows_.empty()) return;
+  offer_ingest_locked(lk);
+}
+
+void Drafter::offer_ingest_locked(Lock& lk) {
+  ingest_ready_ = true;
+  if (!ingest_parked_) return;  // polling (or at work): it finds the tokens without a wake-up
+  ++ingest_.wakeups;
+  lk.unlock();
   ingest_cv_.notify_one();
 }
 
@@ -252,6 +271,12 @@ Drafter::IngestStats Drafter::ingest_stats() const {
   std::lock_guard<std::mutex> lk(mu_);
   IngestStats s = ingest_;
   s.queued_tokens = static_cast<int64_t>(defer_tokens_.size());
+  clockid_t clock;
+  timespec ts{};
+  if (ingest_thread_.joinable() &&
+      pthread_getcpuclockid(const_cast<std::thread&>(ingest_thread_).native_handle(), &clock) == 0 &&
+      clock_gettime(clock, &ts) == 0)
+    s.thread_cpu_seconds = static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
   return s;
 }
 
@@ -759,9 +784,7 @@ void Drafter::step(const int32_t* matrix, int64_t rows_in_matrix, int64_t row_le
   if (!deferred) return;
   ++ingest_.deferred_steps;
   if (!release) return;  // the caller releases it (release_ingest) after its own calls that need no automata
-  ingest_ready_ = true;
-  lk.unlock();
-  ingest_cv_.notify_one();
+  offer_ingest_locked(lk);
 }
 
 void Drafter::trim(const int32_t* slots, const int32_t* lengths, int64_t n) {

@@ -23,6 +23,11 @@
 // Drafts then differ slightly from the synchronous path's, deterministically (the same inputs give the same drafts,
 // whoever ingests the deferred rows).
 //
+// Waking a sleeping thread costs the waker a system call (~8 us of the engine thread's CPU per step on a small VM),
+// so the ingest thread does not sleep between steps: for kIngestPollWindow after its last work it looks for queued
+// tokens every kIngestPollInterval (a short sleep, the lock released), and a step that queues tokens while it polls
+// wakes nobody; only after a longer pause does it wait on its condition variable, and the next step wakes it.
+//
 // Thread-safety: every public method takes the drafter's mutex (mu_), and so does the ingest thread for the whole of
 // one step's ingest: state has one lock. History snapshots are built on HistoryIndex's own threads and read without
 // blocking.
@@ -30,6 +35,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -153,9 +159,11 @@ class Drafter {
   // thread had not started: on the critical path), the thread's ingest time (steady clock, seconds) in all and in
   // its last step, its CPU time in all (less than the steady time when it waited for a core), tokens waiting now,
   // and the steps that found the thread ingesting and waited for it to finish.
+  // Also: the wake-ups callers made (the thread was parked, not polling) and the thread's whole CPU time (its
+  // ingests and its polling).
   struct IngestStats {
-    int64_t deferred_steps = 0, caller_ingests = 0, queued_tokens = 0, waits = 0;
-    double background_seconds = 0.0, last_seconds = 0.0, background_cpu_seconds = 0.0;
+    int64_t deferred_steps = 0, caller_ingests = 0, queued_tokens = 0, waits = 0, wakeups = 0;
+    double background_seconds = 0.0, last_seconds = 0.0, background_cpu_seconds = 0.0, thread_cpu_seconds = 0.0;
   };
   IngestStats ingest_stats() const;
   int64_t calibration_tokens() const;
@@ -210,6 +218,11 @@ class Drafter {
   };
   // The most tokens the queue holds before a step completes it on the caller's thread (a thread that cannot keep up).
   static constexpr size_t kMaxQueuedTokens = size_t{1} << 22;
+  // The ingest thread's polling (see the top): how often it looks for queued tokens (the latency it adds to an ingest,
+  // far below a forward pass), and for how long after its last work before it parks (longer than an engine step:
+  // a decoding batch never wakes it; its cost, a short sleep's wake-up every interval: ~2 % of a core on a small VM).
+  static constexpr std::chrono::microseconds kIngestPollInterval{1000};
+  static constexpr std::chrono::milliseconds kIngestPollWindow{100};
   using Lock = std::unique_lock<std::mutex>;
 
   Request& req(int32_t slot);
@@ -243,6 +256,9 @@ class Drafter {
   void ingest_deferred_locked(bool background = false);
   void catch_up_history_locked();
   void ingest_loop();
+  // With mu_ held (lk): offers the queued tokens to the ingest thread, waking it only when it is parked (unlocks lk
+  // then).
+  void offer_ingest_locked(Lock& lk);
 
   DrafterConfig cfg_;
   SpecParams sp_;
@@ -269,6 +285,7 @@ class Drafter {
   std::condition_variable ingest_cv_;
   bool ingest_stop_ = false, ingest_hold_ = false;
   bool ingest_ready_ = false;
+  bool ingest_parked_ = false;  // the thread waits on ingest_cv_ (not polling): offering work must wake it
   std::atomic<bool> ingesting_{false};  // the thread is ingesting (read without the lock: IngestStats::waits)
   int64_t ingest_delay_us_ = 0;  // the queued tokens are offered to the thread (step with release, release_ingest)
   std::exception_ptr ingest_error_;
