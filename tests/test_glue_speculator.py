@@ -181,3 +181,45 @@ def test_speculator_times_its_steps_for_the_gate_only_when_asked(source):
         matrix, rows, ntok, nprompt = _rows(2, length)
         spec.step(["a", "b"], matrix, rows, ntok, nprompt, np.ones(2, np.int32))
     assert ctl.proposer_fit.stats()["steps"] == (10 if source == "measured" else 0)
+
+
+@pytest.mark.parametrize("native_book", [True, False])
+def test_quiet_steps_recorded_later_leave_the_book_of_a_call_per_step(native_book):
+    """A quiet step of the same rows makes no call to the request book: its round and the engine-wide fading are
+    recorded with the next call that needs the book (the next planned step, a start, a finish, ``book``). The book
+    then holds what one call per step gives: every row's rounds, the engine-wide record faded once per step (the
+    same products), and a request started in a finished request's slot starts at round 0."""
+    from das_trl.budget import ControllerConfig
+
+    d = create_drafter(DrafterConfig(max_spec_tokens=K, backend="native", background_ingest=False))
+    ctl = BudgetController(ControllerConfig(c_tok_ms=5.0, always_plan_rows=0))  # nothing pays: steps go quiet
+    spec = speculator_mod.Speculator(d, ctl, 200, native_book=native_book)
+    ids = ["a", "b", "c"]
+    for r in ids:
+        spec.start(r, [1, 2, 3])
+    inner = spec.book._book if native_book else spec.book
+    inner.global_hits = 100.0  # a record to fade
+
+    def rounds():
+        book = spec.book  # records the pending quiet steps
+        return (book.records()["rounds"] if native_book else book.rounds)[:3].tolist()
+
+    faded = 100.0
+    steps = 0
+    for length in range(6, 20):
+        matrix, rows, ntok, nprompt = _rows(3, length)
+        spec.step(ids, matrix, rows, ntok, nprompt, np.ones(3, np.int32))
+        steps += 1
+        faded *= 0.99
+    assert spec.counters["quiet_steps"] >= 5 and spec._quiet_run > 0  # some are not recorded yet
+    assert rounds() == [steps - 1] * 3 and spec._quiet_run == 0
+    assert spec.book.global_hits == faded
+    spec.step(ids, matrix, rows, ntok + 1, nprompt, np.ones(3, np.int32))  # quiet again: recorded later
+    assert spec._quiet_run == 1
+    spec.finish("b")  # records it, before the slot is freed
+    spec.start("d", [1, 2, 3])  # reuses b's slot
+    ids = ["a", "d", "c"]
+    matrix[1, 3:ntok[1] + 1] = matrix[0, 3:ntok[0] + 1]
+    spec.step(ids, matrix, rows, ntok + 2, nprompt, np.ones(3, np.int32))
+    assert rounds() == [steps + 1, 0, steps + 1]
+    assert spec.book.global_hits == faded * 0.99 * 0.99

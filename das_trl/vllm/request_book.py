@@ -120,15 +120,21 @@ class RequestBook:
         self.speculated[slot] = self.sent_steps[slot] = 0.0
         self.dslot[slot] = dslot
 
-    def begin(self, slots: np.ndarray) -> bool:
-        """Every row's round count + 1 (``slots``: ``int64 [n]``); whether any row had a draft sent last step."""
-        self.rounds[slots] += 1
+    def begin(self, slots: np.ndarray, steps: int = 1) -> bool:
+        """Every row's round count + ``steps`` (``slots``: ``int64 [n]``; several steps at once: the Speculator's
+        quiet steps, recorded later); whether any row had a draft sent last step. Raises ``ValueError`` when
+        ``steps < 1``."""
+        if steps < 1:
+            raise ValueError(f"request book: begin takes steps >= 1, got {steps}")
+        self.rounds[slots] += steps
         return bool(self.sent[slots].any())
 
-    def decay(self) -> None:
-        """A step that skipped the plan: only the engine-wide outcomes fade."""
-        self.global_hits *= GLOBAL_DECAY
-        self.global_misses *= GLOBAL_DECAY
+    def decay(self, steps: int = 1) -> None:
+        """``steps`` steps that skipped the plan: only the engine-wide outcomes fade, once per step (the same products
+        as one call per step)."""
+        for _ in range(steps):
+            self.global_hits *= GLOBAL_DECAY
+            self.global_misses *= GLOBAL_DECAY
 
     def forget(self, factor: float) -> None:
         """Multiply the engine-wide records (acceptance outcomes, send rate) by ``factor`` in ``[0, 1]``: after a
@@ -276,11 +282,11 @@ class NativeRequestBook:
     def reset(self, slot: int, key: int, max_output: int, dslot: int) -> None:
         self._book.reset(int(slot), int(key), int(max_output), int(dslot))
 
-    def begin(self, slots: np.ndarray) -> bool:
-        return self._book.begin(slots)
+    def begin(self, slots: np.ndarray, steps: int = 1) -> bool:
+        return self._book.begin(slots, steps)
 
-    def decay(self) -> None:
-        self._book.decay()
+    def decay(self, steps: int = 1) -> None:
+        self._book.decay(steps)
 
     def forget(self, factor: float) -> None:
         """As :meth:`RequestBook.forget`."""

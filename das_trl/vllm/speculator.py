@@ -95,6 +95,7 @@ class Speculator:
                                             send_rounds=cfg.gate_send_rounds))
         self._buffer: DraftBatch | None = None
         self._views: DraftBatch | None = None
+        self._quiet_run = 0  # quiet steps of the rows in _last_slots whose round and decay the book has not had yet
         self.set_controller(controller)
         self._last_ids: list[str] | None = None
         self._last_slots = np.zeros(0, np.int64)
@@ -112,6 +113,8 @@ class Speculator:
 
     def set_controller(self, controller: BudgetController) -> None:
         """Use another budget controller from the next step on (tracked requests keep their records)."""
+        if self._quiet_run:
+            self._settle()
         self.controller = controller
         cfg = controller.config
         self._measure_rows = cfg.draft_row_source == "measured"
@@ -119,7 +122,9 @@ class Speculator:
 
     @property
     def book(self) -> RequestBook | NativeRequestBook:
-        """The per-request records (:mod:`das_trl.vllm.request_book`)."""
+        """The per-request records (:mod:`das_trl.vllm.request_book`), current to the last step."""
+        if self._quiet_run:
+            self._settle()
         return self._book
 
     # ------------------------------------------------------------------ requests
@@ -146,6 +151,8 @@ class Speculator:
         else:
             self.drafter.start_request(req_id, prompt_token_ids, problem_key=problem_key)
             dslot, key = -1, self.drafter.problem_of(req_id)
+        if self._quiet_run:  # the reset below may reuse a slot of the recorded-later rows
+            self._settle()
         slot = self._free.pop() if self._free else len(self._slot_of)
         self._slot_of[req_id] = slot
         if slot >= len(self._dslot):
@@ -159,6 +166,8 @@ class Speculator:
         """Stop tracking a request (its text lingers in the drafter for siblings). Unknown ids are ignored."""
         slot = self._slot_of.pop(req_id, None)
         if slot is not None:
+            if self._quiet_run:
+                self._settle()
             self._free.append(slot)
             self.drafter.stop_request(req_id)
             self._last_ids = None
@@ -171,6 +180,8 @@ class Speculator:
         waiting out a quiet backoff."""
         if decay is None:
             decay = getattr(self.drafter.config, "calibration_step_decay", 0.5)
+        if self._quiet_run:  # the quiet steps' fading came before this push
+            self._settle()
         self._book.forget(decay)
         self.controller.history_pushed()
 
@@ -187,6 +198,8 @@ class Speculator:
 
     def forget(self) -> None:
         """Forget every tracked request without stopping it in the drafter (after the drafter was reset)."""
+        if self._quiet_run:
+            self._settle()
         self._slot_of.clear()
         self._free.clear()
         self._last_ids = None
@@ -223,6 +236,8 @@ class Speculator:
         if same_rows:
             slots = self._last_slots
         else:
+            if self._quiet_run:  # before _last_slots moves on
+                self._settle()
             try:  # the dict lookups in one C call (itemgetter), then one conversion
                 slots = np.fromiter(itemgetter(*req_ids)(self._slot_of) if n > 1 else map(self._slot_of.__getitem__,
                                                                                           req_ids), np.int64, n)
@@ -242,12 +257,27 @@ class Speculator:
         book = self._book
         # the proposer's CPU per drafted row, measured only when the gate prices it so (draft_row_source="measured")
         t0 = time.thread_time() if self._measure_rows else None
-        in_flight = book.begin(slots)
-        if n and self._silent and not in_flight and self.controller.quiet_step(slots, same_rows):
+        # After a step that sent no draft, the same rows have none in flight (each row's sent count is that step's
+        # 0, or a quiet step's, which sends nothing): a quiet step's round and decay are then recorded later, all at
+        # once (_settle; the same integers and products), so such a step makes no call to the book.
+        lazy = same_rows and self._silent and n
+        if not lazy:
+            if self._quiet_run:
+                self._settle()
+            in_flight = book.begin(slots)
+        if n and self._silent and (lazy or not in_flight) and self.controller.quiet_step(slots, same_rows):
+            if lazy:
+                self._quiet_run += 1
+            else:
+                book.decay()
             out = self._quiet_step(req_ids, slots, token_matrix, rows, num_tokens, num_prompt, num_sampled, verified)
             if t0 is not None:
                 self.controller.observe_proposer(n, 0, time.thread_time() - t0)
             return out
+        if lazy:
+            if self._quiet_run:
+                self._settle()
+            book.begin(slots)
         k = self.drafter.config.max_spec_tokens
         inputs, observed = book.prepare(slots, num_sampled, verified, num_tokens, num_prompt, self.max_model_len, k)
         ctl = self.controller
@@ -329,18 +359,31 @@ class Speculator:
                     verified: np.ndarray) -> DraftBatch:
         """A step the controller let skip its plan (:meth:`BudgetController.quiet_step`): nothing was drafted last
         step and nothing is drafted now, so there is no verification to learn from and nothing to cut; the drafter
-        only takes the new tokens (off the critical path where it defers its ingest)."""
-        self._book.decay()
+        only takes the new tokens (off the critical path where it defers its ingest). The book's round and decay
+        were recorded by the caller."""
         self.last_plan = None
         n = len(slots)
-        out = self._drafter_step(req_ids, token_matrix, rows, num_tokens, num_prompt, num_sampled, verified,
-                                 self._filled(0, n), self.drafter.config.max_spec_tokens)
+        if self._by_slot:  # _drafter_step's native call, without its budgets' dtype check (_filled is int32)
+            out = self.drafter.step_slots(self._last_dslots, token_matrix, rows, num_tokens, num_prompt, num_sampled,
+                                          verified, self._filled(0, n),
+                                          self._out_buffer(n, self.drafter.config.max_spec_tokens), True,
+                                          _prechecked=True)
+        else:
+            out = self._drafter_step(req_ids, token_matrix, rows, num_tokens, num_prompt, num_sampled, verified,
+                                     self._filled(0, n), self.drafter.config.max_spec_tokens)
         c = self.counters
         c["steps"] += 1
         c["request_rounds"] += n
         c["silent_steps"] += 1
         c["quiet_steps"] += 1
         return out
+
+    def _settle(self) -> None:
+        """Record the pending quiet steps in the book: a round for each of their rows (``_last_slots``) and the
+        engine-wide fading, once per step."""
+        k, self._quiet_run = self._quiet_run, 0
+        self._book.begin(self._last_slots, k)
+        self._book.decay(k)
 
     def _filled(self, value: int, n: int) -> np.ndarray:
         """``int32 [n]`` all ``value`` (0: no budget, -1: whole draft verified): a read-only view of a buffer kept

@@ -231,11 +231,12 @@ class RequestBook:
     def reset(self, slot: int, key: int, max_output: int, dslot: int) -> None:
         """A new request in ``slot`` (the book grows to hold it): problem key, max output tokens, drafter slot."""
 
-    def begin(self, slots: _I64) -> bool:
-        """Every row's round count + 1; whether any row had a draft sent last step. Unknown slot: ``ValueError``."""
+    def begin(self, slots: _I64, steps: int = 1) -> bool:
+        """Every row's round count + ``steps``; whether any row had a draft sent last step. Unknown slot or
+        ``steps < 1``: ``ValueError``."""
 
-    def decay(self) -> None:
-        """A step that skipped the plan: the engine-wide record fades (x 0.99)."""
+    def decay(self, steps: int = 1) -> None:
+        """``steps`` steps that skipped the plan: the engine-wide record fades (x 0.99 per step)."""
 
     def prepare(self, slots: _I64, num_sampled: _I32, verified: _I32, num_tokens: _I32, num_prompt: _I32,
                 max_model_len: int, k: int, key: _I64, out_len: _I32, rounds: _I64, max_output: _I64, caps: _I32,

@@ -489,10 +489,10 @@ NB_MODULE(_das_native, m) {
       .def(nb::init<>())
       .def("set_prior", &das::RequestBook::set_prior, "prior"_a, "prior_rounds"_a, "send_rounds"_a = 0.0)
       .def("reset", &das::RequestBook::reset, "slot"_a, "key"_a, "max_output"_a, "dslot"_a)
-      .def("begin", [](das::RequestBook& b, In1<int64_t> slots) {
-             return b.begin(slots.data(), static_cast<int64_t>(slots.shape(0)));
-           }, "slots"_a)
-      .def("decay", &das::RequestBook::decay)
+      .def("begin", [](das::RequestBook& b, In1<int64_t> slots, int64_t steps) {
+             return b.begin(slots.data(), static_cast<int64_t>(slots.shape(0)), steps);
+           }, "slots"_a, "steps"_a = 1)
+      .def("decay", &das::RequestBook::decay, "steps"_a = 1)
       .def("prepare",
            [](das::RequestBook& b, In1<int64_t> slots, In1<int32_t> num_sampled, In1<int32_t> verified,
               In1<int32_t> num_tokens, In1<int32_t> num_prompt, int64_t max_model_len, int32_t k, Out1<int64_t> key,

@@ -47,11 +47,12 @@ void RequestBook::check(const int64_t* slots, int64_t n) const {
       throw InputError("request book: row " + std::to_string(i) + " has unknown slot " + std::to_string(slots[i]));
 }
 
-bool RequestBook::begin(const int64_t* slots, int64_t n) {
+bool RequestBook::begin(const int64_t* slots, int64_t n, int64_t steps) {
   check(slots, n);
+  if (steps < 1) throw InputError("request book: begin takes steps >= 1, got " + std::to_string(steps));
   bool any_sent = false;
   for (int64_t i = 0; i < n; ++i) {
-    rounds_[slots[i]] += 1;
+    rounds_[slots[i]] += steps;
     any_sent |= sent_[slots[i]] != 0;
   }
   return any_sent;

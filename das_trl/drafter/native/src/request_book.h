@@ -28,10 +28,14 @@ class RequestBook {
   void set_prior(double prior, double prior_rounds, double send_rounds = 0.0);
   // A new request in `slot` (grows the book): problem key, max output tokens, its slot in the drafter.
   void reset(int64_t slot, int64_t key, int64_t max_output, int32_t dslot);
-  // Every row's round count + 1; returns whether any row had a draft sent last step.
-  bool begin(const int64_t* slots, int64_t n);
-  // A step that skipped the plan: only the engine-wide outcomes fade.
-  void decay() { global_hits *= kGlobalDecay; global_misses *= kGlobalDecay; }
+  // Every row's round count + `steps` (the Speculator's quiet steps recorded at once: each is one round); returns
+  // whether any row had a draft sent last step.
+  bool begin(const int64_t* slots, int64_t n, int64_t steps = 1);
+  // `steps` steps that skipped the plan: only the engine-wide outcomes fade, once per step (the same products as
+  // one call per step).
+  void decay(int64_t steps = 1) {
+    for (int64_t i = 0; i < steps; ++i) global_hits *= kGlobalDecay, global_misses *= kGlobalDecay;
+  }
 
   struct Observed {
     int64_t verified_drafts = 0, accepted = 0, checked = 0;
