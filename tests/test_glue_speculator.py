@@ -223,3 +223,29 @@ def test_quiet_steps_recorded_later_leave_the_book_of_a_call_per_step(native_boo
     spec.step(ids, matrix, rows, ntok + 2, nprompt, np.ones(3, np.int32))
     assert rounds() == [steps + 1, 0, steps + 1]
     assert spec.book.global_hits == faded * 0.99 * 0.99
+
+
+def test_step_outputs_hold_the_batch_arrays_and_refuse_converted_ones():
+    """The pre-checked step writes through a StepOutputs made once per output batch (the same object while the
+    Speculator's views hold, a new one for a new batch); StepOutputs refuses arrays it would have to convert (a
+    copy would take the drafts), and step_into checks the held arrays' rows and width as step does."""
+    d = _drafter()
+    d.start_request("a", [1, 2, 3])
+    slots = np.array([d.slot_of("a")], np.int32)
+    matrix, rows, ntok, nprompt = _rows(1, 9)
+    one, out = np.ones(1, np.int32), DraftBatch.empty(1, K)
+    d.step_slots(slots, matrix, rows, ntok, nprompt, one * 6, -one, one * K, out, _prechecked=True)
+    held = d._held_out[1]
+    assert d._held_out[0] is out and out.lengths[0] > 0
+    d.step_slots(slots, matrix, rows, ntok + 1, nprompt, one, -one, one * 0, out, _prechecked=True)
+    assert d._held_out[1] is held and out.lengths[0] == 0 and not out.tokens.any()
+    other = DraftBatch.empty(1, K)
+    d.step_slots(slots, matrix, rows, ntok + 2, nprompt, one, -one, one * K, other, _prechecked=True)
+    assert d._held_out[0] is other and d._held_out[1] is not held
+    mod = native.load()
+    with pytest.raises(TypeError):
+        mod.StepOutputs(out.tokens, out.accept.astype(np.float32), out.lengths, out.source, out.match_len)
+    wide = DraftBatch.empty(2, K)
+    with pytest.raises(ValueError, match="tokens must have 1 rows"):
+        d._core.step_into(matrix, slots, rows, ntok + 3, nprompt, one, -one, one,
+                          mod.StepOutputs(wide.tokens, wide.accept, wide.lengths, wide.source, wide.match_len))

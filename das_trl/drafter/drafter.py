@@ -64,6 +64,7 @@ class NativeDASDrafter:
         self.config = config if config is not None else DrafterConfig()
         self._mod = _native.load()
         self._checked_out: tuple | None = None  # the out arrays step_slots last validated (reused views)
+        self._held_out: tuple | None = None  # (batch, its StepOutputs): the pre-checked step's output, converted once
         c = self.config
         self._core = self._mod.Drafter({
             "max_tree_depth": c.max_tree_depth, "match_context_tokens": c.match_context_tokens,
@@ -335,8 +336,9 @@ class NativeDASDrafter:
                 (call it after the step's :meth:`trim`, which then never waits for that ingest; a call that needs
                 the automata completes them anyway).
             _prechecked: private to the Speculator, which validated this step's arrays already (``slots``, the row
-                arrays and ``max_tokens`` C-contiguous ``int32 [n]``, ``out`` its own batch of ``n`` rows): skip
-                validating them again (~10 us per engine step). The native call still checks every length and
+                arrays and ``max_tokens`` C-contiguous ``int32 [n]``, ``out`` its own batch of ``n`` rows, reused
+                while the batch size holds and its arrays never replaced): skip validating them again (~10 us per
+                engine step), and hand ``out``'s arrays to the core once per batch object (``StepOutputs``). The native call still checks every length and
                 ``out``'s width (ValueError, nothing changed); ``token_matrix`` is checked as without it.
 
         Returns:
@@ -347,9 +349,14 @@ class NativeDASDrafter:
             (nothing changed).
         """
         if _prechecked:  # the Speculator's own buffer: it only ever holds step outputs (each row zero past its
-            # length), so rows without a draft need zeroing only over their previous draft (fill mode 2)
-            self._core.step(_as_matrix(token_matrix), slots, rows, num_tokens, num_prompt, num_sampled, num_verified,
-                            max_tokens, out.tokens, out.accept, out.lengths, out.source, out.match_len, 2, release)
+            # length), so rows without a draft need zeroing only over their previous draft (fill mode 2); it is the
+            # same batch of views while the batch size holds, its arrays never replaced: converted once for the core
+            held = self._held_out
+            if held is None or held[0] is not out:
+                held = self._held_out = (out, self._mod.StepOutputs(out.tokens, out.accept, out.lengths, out.source,
+                                                                    out.match_len))
+            self._core.step_into(_as_matrix(token_matrix), slots, rows, num_tokens, num_prompt, num_sampled,
+                                 num_verified, max_tokens, held[1], 2, release)
             return out
         slots = int32_array(slots, "slots")
         n = len(slots)

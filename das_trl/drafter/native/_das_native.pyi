@@ -31,6 +31,14 @@ _F64 = npt.NDArray[np.float64]
 #: The largest ``max_spec_tokens`` (K) a :class:`Drafter` accepts.
 MAX_SPEC_TOKENS: int
 
+class StepOutputs:
+    """A step's five output arrays (a DraftBatch's), held with their references for :meth:`Drafter.step_into`, which
+    writes into them in place (the Speculator reuses one batch of views while the batch size holds: converted once
+    instead of five array conversions per step). The arrays must already have these dtypes and be C-contiguous and
+    writable (never converted: ``TypeError``)."""
+
+    def __init__(self, tokens: _I32, accept: _F64, lengths: _I32, source: _I8, match_len: _I32) -> None: ...
+
 class Drafter:
     """The native DAS drafter: requests in integer slots, five draft sources (problem history, running siblings,
     the request's own text, the running batch, global history), evidence-weighted and calibrated arbitration, one
@@ -124,6 +132,11 @@ class Drafter:
                 ``fill_idle`` is not 0, 1 or 2.
             KeyError: an inactive slot.
         """
+
+    def step_into(self, matrix: _I32, slots: _I32, rows: _I32, num_tokens: _I32, num_prompt: _I32,
+                  num_sampled: _I32, num_verified: _I32, budgets: _I32, out: StepOutputs, fill_idle: int = 1,
+                  release: bool = True) -> None:
+        """:meth:`step` writing into ``out``'s arrays (the same checks and results)."""
 
     def flush(self) -> None:
         """Complete any deferred ingest now (benchmarks, tests; every method that needs it does it itself)."""
