@@ -466,7 +466,7 @@ def test_quiet_steps_in_quick_succession_wake_the_thread_at_most_once():
     """The ingest thread polls for queued tokens for a while after its last ingest (a wake-up costs the engine's
     thread a system call per step): steps that follow each other within that window offer their tokens without
     waking it, and the thread still ingests every one of them itself (no caller ingest). After a pause longer than
-    the window it parks, and the next offer wakes it."""
+    the window it parks, and the next offer wakes it. Offers that a caller ingests first keep it polling as well."""
     rng = np.random.default_rng(4)
     d = make(True)
     n = 16
@@ -493,6 +493,15 @@ def test_quiet_steps_in_quick_succession_wake_the_thread_at_most_once():
     time.sleep(0.3)  # longer than the poll window: the thread parks
     quiet(40)
     assert d.stats()["ingest_wakeups"] == first + 1
+    # Steps whose tokens a caller ingests before the thread looks (a benchmark's flush) keep it polling too: 0.2 s
+    # of them, twice the poll window, wake it no more.
+    for step in range(41, 81):
+        d.step(ids, matrix, rows, np.full(n, 10 + step, np.int32), np.full(n, 10, np.int32), np.ones(n, np.int32),
+               np.full(n, -1, np.int32), np.zeros(n, np.int32))
+        d.wait_for_ingest()
+        time.sleep(0.005)
+    s = d.stats()
+    assert s["ingest_wakeups"] == first + 1 and s["ingest_caller_steps"] >= 30
     assert d.check() == ""
 
 

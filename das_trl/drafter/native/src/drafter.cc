@@ -137,11 +137,17 @@ Drafter::~Drafter() {
 
 void Drafter::ingest_loop() {
   Lock lk(mu_);
-  auto last_work = std::chrono::steady_clock::now();
+  auto last_work = std::chrono::steady_clock::now();  // its last ingest, or the last offer it saw
+  uint64_t seen_offers = ingest_offers_;
   for (;;) {
     if (ingest_stop_) return;
     if (ingest_hold_ || !ingest_ready_ || defer_rows_.empty()) {  // nothing to take: poll, or park after a pause
-      if (std::chrono::steady_clock::now() - last_work < kIngestPollWindow) {
+      const auto now = std::chrono::steady_clock::now();
+      if (ingest_offers_ != seen_offers) {  // steps keep offering tokens (a caller may have ingested them first)
+        seen_offers = ingest_offers_;
+        last_work = now;
+      }
+      if (now - last_work < kIngestPollWindow) {
         lk.unlock();
         std::this_thread::sleep_for(kIngestPollInterval);
         lk.lock();
@@ -227,6 +233,7 @@ void Drafter::release_ingest() {
 
 void Drafter::offer_ingest_locked(Lock& lk) {
   ingest_ready_ = true;
+  ++ingest_offers_;
   if (!ingest_parked_) return;  // polling (or at work): it finds the tokens without a wake-up
   ++ingest_.wakeups;
   lk.unlock();
