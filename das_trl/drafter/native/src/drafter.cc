@@ -128,6 +128,7 @@ Drafter::~Drafter() {
   {
     std::lock_guard<std::mutex> lk(mu_);  // waits for an ingest in progress
     ingest_stop_ = true;
+    ingest_events_.fetch_add(1, std::memory_order_release);  // a polling thread looks
   }
   ingest_cv_.notify_all();
   ingest_thread_.join();
@@ -137,19 +138,24 @@ Drafter::~Drafter() {
 
 void Drafter::ingest_loop() {
   Lock lk(mu_);
-  auto last_work = std::chrono::steady_clock::now();  // its last ingest, or the last offer it saw
-  uint64_t seen_offers = ingest_offers_;
+  auto last_work = std::chrono::steady_clock::now();  // its last ingest, or the last event it saw
+  uint64_t seen = ingest_events_.load(std::memory_order_relaxed);
   for (;;) {
     if (ingest_stop_) return;
     if (ingest_hold_ || !ingest_ready_ || defer_rows_.empty()) {  // nothing to take: poll, or park after a pause
-      const auto now = std::chrono::steady_clock::now();
-      if (ingest_offers_ != seen_offers) {  // steps keep offering tokens (a caller may have ingested them first)
-        seen_offers = ingest_offers_;
+      auto now = std::chrono::steady_clock::now();
+      if (ingest_events_.load(std::memory_order_relaxed) != seen) {  // steps keep offering tokens (a caller may
+        seen = ingest_events_.load(std::memory_order_relaxed);         // have ingested them first)
         last_work = now;
       }
       if (now - last_work < kIngestPollWindow) {
+        // Polls without the lock (a caller in the middle of a step never finds it taken, nor has to wake the
+        // thread when it lets go of it); takes it again only when something happened or the window ends.
         lk.unlock();
-        std::this_thread::sleep_for(kIngestPollInterval);
+        do {
+          std::this_thread::sleep_for(kIngestPollInterval);
+          now = std::chrono::steady_clock::now();
+        } while (ingest_events_.load(std::memory_order_acquire) == seen && now - last_work < kIngestPollWindow);
         lk.lock();
       } else {
         ingest_parked_ = true;
@@ -233,7 +239,7 @@ void Drafter::release_ingest() {
 
 void Drafter::offer_ingest_locked(Lock& lk) {
   ingest_ready_ = true;
-  ++ingest_offers_;
+  ingest_events_.fetch_add(1, std::memory_order_release);
   if (!ingest_parked_) return;  // polling (or at work): it finds the tokens without a wake-up
   ++ingest_.wakeups;
   lk.unlock();
@@ -270,6 +276,7 @@ void Drafter::hold_ingest(bool hold) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     ingest_hold_ = hold;
+    ingest_events_.fetch_add(1, std::memory_order_release);
   }
   ingest_cv_.notify_all();
 }

@@ -25,9 +25,9 @@
 //
 // Waking a sleeping thread costs the waker a system call (~8 us of the engine thread's CPU per step on a small VM),
 // so the ingest thread does not sleep between steps: for kIngestPollWindow after its last work (or the last offer of
-// tokens it saw, which a caller may have ingested first) it looks for queued tokens every kIngestPollInterval (a
-// short sleep, the lock released), and a step that queues tokens while it polls wakes nobody; only after a longer
-// pause does it wait on its condition variable, and the next step wakes it.
+// tokens it saw, which a caller may have ingested first) it looks every kIngestPollInterval (a short sleep) whether
+// something was offered, without taking the lock, and a step that queues tokens while it polls wakes nobody; only
+// after a longer pause does it wait on its condition variable, and the next step wakes it.
 //
 // Thread-safety: every public method takes the drafter's mutex (mu_), and so does the ingest thread for the whole of
 // one step's ingest: state has one lock. History snapshots are built on HistoryIndex's own threads and read without
@@ -287,7 +287,9 @@ class Drafter {
   bool ingest_stop_ = false, ingest_hold_ = false;
   bool ingest_ready_ = false;
   bool ingest_parked_ = false;  // the thread waits on ingest_cv_ (not polling): offering work must wake it
-  uint64_t ingest_offers_ = 0;  // offers of queued tokens so far: the thread polls on while they keep coming
+  // Offers of queued tokens, hold changes and the stop, counted (written under mu_): the polling thread reads it
+  // without the lock and keeps polling while offers keep coming.
+  std::atomic<uint64_t> ingest_events_{0};
   std::atomic<bool> ingesting_{false};  // the thread is ingesting (read without the lock: IngestStats::waits)
   int64_t ingest_delay_us_ = 0;  // the queued tokens are offered to the thread (step with release, release_ingest)
   std::exception_ptr ingest_error_;
