@@ -37,7 +37,10 @@ class StepOutputs:
     instead of five array conversions per step). The arrays must already have these dtypes and be C-contiguous and
     writable (never converted: ``TypeError``)."""
 
-    def __init__(self, tokens: _I32, accept: _F64, lengths: _I32, source: _I8, match_len: _I32) -> None: ...
+    def __init__(self, tokens: _I32, accept: _F64, lengths: _I32, source: _I8, match_len: _I32) -> None:
+        """Hold ``tokens`` int32 [B, K], ``accept`` float64 [B, K], ``lengths`` int32 [B], ``source`` int8 [B] and
+        ``match_len`` int32 [B] (a DraftBatch's arrays, B rows, K the drafter's max_spec_tokens); ``TypeError`` for an
+        array of another dtype, not C-contiguous or read-only."""
 
 class Drafter:
     """The native DAS drafter: requests in integer slots, five draft sources (problem history, running siblings,
