@@ -210,7 +210,8 @@ def test_native_stub_matches_the_compiled_module():
     classes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
     fix = "update das_trl/drafter/native/_das_native.pyi to the bindings in src/bindings.cc"
     exported_classes = {n for n in dir(module) if isinstance(getattr(module, n), type) and not n.startswith("_")}
-    assert set(classes) == exported_classes == {"Drafter", "RequestBook", "StepOutputs"}, (fix, sorted(classes), exported_classes)
+    assert set(classes) == exported_classes == {"Drafter", "RequestBook", "StepOutputs"}, (fix, sorted(classes),
+                                                                                          exported_classes)
     exported = {n for n in dir(module) if callable(getattr(module, n)) and not n.startswith("_")} - exported_classes
     assert set(functions) == exported, (fix, sorted(set(functions) ^ exported))
     declared_all = [*functions.items()]
