@@ -106,3 +106,28 @@ def test_online_cost_fit_sees_step_times_and_tokens(rng, monkeypatch):
     assert s["budget_fit_steps"] == 12  # the first (prefill) step is not counted: its tokens are unknown
     assert s["budget_fit_c_base_ms"] == pytest.approx(2.0) and s["budget_fit_c_tok_ms"] == pytest.approx(0.5)
     assert s["budget_cost_online"] == 1 and s["budget_c_tok_ms"] == pytest.approx(0.5)
+
+
+def test_every_row_gets_its_own_draft_list(rng):
+    """vLLM keeps each row's list as its request's ``spec_token_ids`` and trims it in place: no two rows may share
+    one, whether they were drafted or not (the proposer makes the empty ones in one call)."""
+    worker, prompts, texts = _setup(rng, {"c_tok_ms": 10.0})  # verification so dear that no row drafts
+    for length in (5, 6):
+        drafts = _round(worker, prompts, texts, [("a", 0, length), ("b", 3, length), ("c", 1, length)])
+        assert drafts == [[], [], []]
+        assert len({id(d) for d in drafts}) == 3
+    drafts[0].append(7)
+    assert drafts[1] == [] and drafts[2] == []
+
+
+def test_the_glue_benchmark_times_the_real_propose():
+    """``scripts/bench_proposer_glue.py`` (the figure docs/benchmarks.md quotes) drives ``DASProposer.propose``
+    itself: a change to what propose reads breaks it here, not silently."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_proposer_glue.py"
+    spec = importlib.util.spec_from_file_location("bench_proposer_glue", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert 0.0 < module.glue_us(8, 20) < 1e5

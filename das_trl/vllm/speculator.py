@@ -102,6 +102,7 @@ class Speculator:
         self._dslot = np.zeros(256, np.int32)  # per slot: the request's slot in the native drafter
         self._last_dslots = np.zeros(0, np.int32)
         self._silent = False  # the last step sent no draft
+        self._sent = 0  # drafts the last step returned (rows with a draft after the cut)
         self.last_plan = None  # the last step's StepPlan (None after a quiet step), for diagnostics (the replay's
         # reliability record: BudgetController.predicted_acceptance)
         self._fills: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # value -> (read-only buffer, last view)
@@ -119,6 +120,11 @@ class Speculator:
         cfg = controller.config
         self._measure_rows = cfg.draft_row_source == "measured"
         self._book.set_prior(cfg.gate_acceptance_prior, cfg.gate_prior_rounds, cfg.gate_send_rounds)
+
+    @property
+    def drafted(self) -> bool:
+        """Whether the last :meth:`step` returned any draft (``False`` before the first step)."""
+        return self._sent > 0
 
     @property
     def book(self) -> RequestBook | NativeRequestBook:
@@ -313,6 +319,7 @@ class Speculator:
         if self._by_slot:  # the idle rows' tokens go to the ingest thread only now: the trim did not wait for them
             self.drafter.release_ingest()
         self._silent = not len(drafting)
+        self._sent = drafts
         c["steps"] += 1
         c["request_rounds"] += n
         c["speculated_rows"] += planned
@@ -362,6 +369,7 @@ class Speculator:
         only takes the new tokens (off the critical path where it defers its ingest). The book's round and decay
         were recorded by the caller."""
         self.last_plan = None
+        self._sent = 0
         n = len(slots)
         if self._by_slot:  # _drafter_step's native call, without its budgets' dtype check (_filled is int32)
             out = self.drafter.step_slots(self._last_dslots, token_matrix, rows, num_tokens, num_prompt, num_sampled,
