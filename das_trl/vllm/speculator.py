@@ -263,10 +263,11 @@ class Speculator:
         book = self._book
         # the proposer's CPU per drafted row, measured only when the gate prices it so (draft_row_source="measured")
         t0 = time.thread_time() if self._measure_rows else None
-        # After a step that sent no draft, the same rows have none in flight (each row's sent count is that step's
-        # 0, or a quiet step's, which sends nothing): a quiet step's round and decay are then recorded later, all at
-        # once (_settle; the same integers and products), so such a step makes no call to the book.
-        lazy = same_rows and self._silent and n
+        # After a step that sent no draft no row has one in flight (each row's sent count is that step's 0, or a
+        # quiet step's, which sends nothing; a request started since has none): a quiet step's round and decay are
+        # then recorded later, all at once for its rows (_settle, before _last_slots moves on; the same integers and
+        # products), so such a step makes no call to the book, whether or not the rows changed.
+        lazy = self._silent and n
         if not lazy:
             if self._quiet_run:
                 self._settle()
