@@ -1,6 +1,6 @@
 """The native core's containers and the live automata built on them at sizes where their large-table paths run:
 hash tables that double incrementally into mapped pages, arrays that grow by mremap (flat_map.h, pod_vector.h;
-why: benchmarks/NOTES.md, "Two long proposer calls at 256 x 16k")."""
+why: benchmarks/NOTES.md, "Two long proposer calls at 256 x 16k"), and the history snapshots' memory layout."""
 
 import numpy as np
 import pytest
@@ -16,6 +16,20 @@ def test_containers_agree_with_the_standard_library():
         assert _das_native.selftest_containers(seed, n) == ""
     with pytest.raises(ValueError, match="2\\*\\*27"):
         _das_native.selftest_containers(1, 10**12)  # would exhaust the machine's memory
+
+
+def test_history_snapshots_lay_out_best_continuations_in_order():
+    # A draft walks each matched state's most frequent continuation, state after state; the snapshot lays those
+    # chains out in memory order (snapshot.cc, step 3), so the walk reads the next state instead of a far one. The
+    # drafts themselves do not depend on it (test_native_equivalence.py compares them with the reference).
+    from das_trl.drafter.native import _das_native
+
+    for seed, n in ((1, 1), (2, 30), (3, 600)):
+        err, share = _das_native.selftest_snapshot_layout(seed, n)
+        assert err == ""
+        assert share > 0.6, share  # most continuations are the very next state (0.87-0.90 at these sizes)
+    with pytest.raises(ValueError, match="4096"):
+        _das_native.selftest_snapshot_layout(1, 5000)
 
 
 def test_step_rejects_negative_token_ids_and_changes_nothing():

@@ -288,6 +288,15 @@ def selftest_containers(seed: int, n: int) -> str:
     array (mremap growth from 1 MiB on). Returns ``""`` when all agree, else what differs. Raises ``ValueError`` for
     ``n > 2**27`` (about 4 GB). For the tests; GIL released."""
 
+def selftest_snapshot_layout(seed: int, n: int) -> tuple[str, float]:
+    """Self-check of a history snapshot's memory layout: builds one over ``n`` random sequences (1-4096) that repeat
+    each other's stretches and checks that the root is state 0, suffix links point to shorter states, and every
+    state's most frequent continuation is the next state or one laid out before it (the chain layout a draft's walk
+    reads in order). Returns ``("", share)`` when it holds (``share``: states whose continuation is the next state,
+    among those with one), else ``(what differs, share)``. Raises ``ValueError`` for ``n`` outside [1, 4096]. For
+    the tests."""
+
+
 
 def controller_budgets(accept: _F64, table: _F64, pooled: _F64, generated: _F64, cap: _F64, tau_obs: _F64,
                        draws: _F64, params: dict[str, Any], lengths: _I32, value: _F64, p: _F64,

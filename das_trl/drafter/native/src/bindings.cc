@@ -373,6 +373,14 @@ NB_MODULE(_das_native, m) {
 
   m.def("selftest_containers", &das::selftest_containers, "seed"_a, "n"_a, nb::call_guard<nb::gil_scoped_release>(),
         "Self-check of the hash table and the growing array of the automata against the standard library (tests).");
+  m.def(
+      "selftest_snapshot_layout",
+      [](uint64_t seed, int64_t n) {
+        double share = 0.0;
+        std::string err = das::selftest_snapshot_layout(seed, n, share);
+        return nb::make_tuple(err, share);
+      },
+      "seed"_a, "n"_a, "Self-check of a history snapshot's chain layout (tests): (error or '', sequential share).");
 
   m.def(
       "controller_budgets",

@@ -8,6 +8,7 @@
 #include "common.h"
 #include "flat_map.h"
 #include "pod_vector.h"
+#include "snapshot.h"
 
 namespace das {
 
@@ -71,6 +72,43 @@ std::string selftest_containers(uint64_t seed, int64_t n) {
            " records";
   vec.clear();
   if (vec.size() || vec.bytes()) return "PodVector: clear kept memory";
+  return "";
+}
+
+std::string selftest_snapshot_layout(uint64_t seed, int64_t n, double& sequential_share) {
+  sequential_share = 0.0;
+  if (n < 1 || n > 4096) throw InputError("selftest_snapshot_layout: n must be in [1, 4096], got " + std::to_string(n));
+  std::mt19937_64 rng(seed);
+  SequenceSet seqs;
+  seqs.offsets.push_back(0);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t len = 50 + static_cast<int64_t>(rng() % 200);
+    for (int64_t p = 0; p < len; ++p) {
+      const size_t have = seqs.tokens.size();
+      if (have > 8 && rng() % 3) {  // copy a stretch written before, as rollouts of one problem repeat each other
+        const size_t from = rng() % (have - 8), k = 1 + rng() % 8;
+        for (size_t j = 0; j < k && p < len; ++j, ++p) seqs.tokens.push_back(seqs.tokens[from + j]);
+        --p;
+      } else {
+        seqs.tokens.push_back(static_cast<int32_t>(rng() % 50));
+      }
+    }
+    seqs.offsets.push_back(static_cast<int64_t>(seqs.tokens.size()));
+  }
+  const Snapshot s(seqs, 64, 3, 1);
+  if (s.len(0) != 0 || s.link(0) != -1) return "snapshot: state 0 is not the root";
+  int64_t with_best = 0, sequential = 0;
+  for (int32_t v = 1; v < static_cast<int32_t>(s.num_states()); ++v) {
+    if (s.link(v) < 0 || s.len(s.link(v)) >= s.len(v)) return "snapshot: bad suffix link at " + std::to_string(v);
+    int32_t tok = 0, tgt = 0;
+    if (!s.best(v, tok, tgt)) continue;
+    ++with_best;
+    if (s.len(tgt) <= s.len(v) || s.find(v, tok) != tgt) return "snapshot: bad best edge at " + std::to_string(v);
+    if (tgt == v + 1) ++sequential;
+    else if (tgt > v) return "snapshot: the best continuation of state " + std::to_string(v) + " is laid out after it (" +
+                             std::to_string(tgt) + "), not next";
+  }
+  sequential_share = with_best ? static_cast<double>(sequential) / static_cast<double>(with_best) : 0.0;
   return "";
 }
 

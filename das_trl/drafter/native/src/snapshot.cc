@@ -45,13 +45,31 @@ Snapshot::Snapshot(const SequenceSet& seqs, int depth, int gram, uint64_t versio
     int32_t s = order[i];
     own[st[s].link] += own[s];
   }
-  // 3. Keep the states holding a string of length <= depth (minlen = len(link) + 1 <= depth), renumbered.
+  // 3. Keep the states holding a string of length <= depth (minlen = len(link) + 1 <= depth), renumbered so that
+  // a draft's walk reads memory in order: a walk follows each state's most frequent continuation (its best edge,
+  // found here as in step 4), so the states are laid out in chains along best edges, each state followed by its
+  // best target unless an earlier chain placed that target already (several states may share one). Chains start
+  // at the shortest unplaced state (the root first: it is 0 again). Only memory order changes: counts, edges and
+  // drafts are the same whatever the numbering.
+  auto keeps = [&](int32_t s) { return s == 0 || st[st[s].link].len < depth; };
+  std::vector<int32_t> best_tgt(n, -1), best_tok(n, -1);
+  std::vector<int64_t> best_cnt(n, -1);
+  auto offer = [&](int32_t s, int32_t tok, int32_t tgt) {
+    if (!keeps(s) || !keeps(tgt)) return;
+    if (own[tgt] > best_cnt[s] || (own[tgt] == best_cnt[s] && tok < best_tok[s]))
+      best_cnt[s] = own[tgt], best_tok[s] = tok, best_tgt[s] = tgt;
+  };
+  for (int32_t s = 0; s < n; ++s)
+    if (st[s].e0_tok >= 0) offer(s, st[s].e0_tok, st[s].e0_tgt);
+  a.for_each_extra_edge([&](int32_t s, int32_t tok, int32_t tgt) { offer(s, tok, tgt); });
   std::vector<int32_t> id(n, -1);
   int32_t m = 0;
   for (int32_t i = 0; i < n; ++i) {
-    int32_t s = order[i];  // shortest first: the root is 0 again
-    if (s == 0 || st[st[s].link].len < depth) id[s] = m++;
+    for (int32_t s = order[i]; s >= 0 && id[s] < 0 && keeps(s); s = best_tgt[s]) id[s] = m++;
   }
+  std::vector<int32_t>().swap(best_tgt);
+  std::vector<int32_t>().swap(best_tok);
+  std::vector<int64_t>().swap(best_cnt);
   st_.assign(m + 1, State{0, -1, 0, 0, -1, -1, 0, 0});
   for (int32_t s = 0; s < n; ++s) {
     if (id[s] < 0) continue;
