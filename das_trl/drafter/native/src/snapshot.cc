@@ -47,39 +47,42 @@ Snapshot::Snapshot(const SequenceSet& seqs, int depth, int gram, uint64_t versio
   }
   // 3. Keep the states holding a string of length <= depth (minlen = len(link) + 1 <= depth), renumbered so that
   // a draft's walk reads memory in order: a walk follows each state's most frequent continuation (its best edge,
-  // found here as in step 4), so the states are laid out in chains along best edges, each state followed by its
-  // best target unless an earlier chain placed that target already (several states may share one). Chains start
-  // at the shortest unplaced state (the root first: it is 0 again). Only memory order changes: counts, edges and
-  // drafts are the same whatever the numbering.
-  auto keeps = [&](int32_t s) { return s == 0 || st[st[s].link].len < depth; };
-  std::vector<int32_t> best_tgt(n, -1), best_tok(n, -1);
-  std::vector<int64_t> best_cnt(n, -1);
+  // found here: the largest count among the edges to kept states, then the smallest token), so the states are laid
+  // out in chains along best edges, each state followed by its best target unless an earlier chain placed that
+  // target already (several states may share one). Chains start at the shortest unplaced state (the root first: it
+  // is 0 again). Only memory order changes: counts, edges and drafts are the same whatever the numbering.
+  std::vector<char> keep(n);
+  for (int32_t s = 0; s < n; ++s) keep[s] = s == 0 || st[st[s].link].len < depth;
+  auto count = [&](int32_t s) { return static_cast<int32_t>(std::min<int64_t>(own[s], INT32_MAX)); };
+  std::vector<int32_t> best_tgt(n, -1), best_tok(n, -1), best_cnt(n, -1);
   auto offer = [&](int32_t s, int32_t tok, int32_t tgt) {
-    if (!keeps(s) || !keeps(tgt)) return;
-    if (own[tgt] > best_cnt[s] || (own[tgt] == best_cnt[s] && tok < best_tok[s]))
-      best_cnt[s] = own[tgt], best_tok[s] = tok, best_tgt[s] = tgt;
+    if (!keep[s] || !keep[tgt]) return;
+    const int32_t c = count(tgt);
+    if (c > best_cnt[s] || (c == best_cnt[s] && tok < best_tok[s])) best_cnt[s] = c, best_tok[s] = tok, best_tgt[s] = tgt;
   };
   for (int32_t s = 0; s < n; ++s)
     if (st[s].e0_tok >= 0) offer(s, st[s].e0_tok, st[s].e0_tgt);
   a.for_each_extra_edge([&](int32_t s, int32_t tok, int32_t tgt) { offer(s, tok, tgt); });
+  std::vector<int32_t>().swap(best_cnt);
   std::vector<int32_t> id(n, -1);
   int32_t m = 0;
   for (int32_t i = 0; i < n; ++i) {
-    for (int32_t s = order[i]; s >= 0 && id[s] < 0 && keeps(s); s = best_tgt[s]) id[s] = m++;
+    for (int32_t s = order[i]; s >= 0 && id[s] < 0 && keep[s]; s = best_tgt[s]) id[s] = m++;
   }
-  std::vector<int32_t>().swap(best_tgt);
-  std::vector<int32_t>().swap(best_tok);
-  std::vector<int64_t>().swap(best_cnt);
   st_.assign(m + 1, State{0, -1, 0, 0, -1, -1, 0, 0});
   for (int32_t s = 0; s < n; ++s) {
     if (id[s] < 0) continue;
     State& x = st_[id[s]];
     x.len = st[s].len;
     x.link = s == 0 ? -1 : id[st[s].link];
-    x.cnt = static_cast<int32_t>(std::min<int64_t>(own[s], INT32_MAX));
+    x.cnt = count(s);
+    x.best_tok = best_tok[s];
+    x.best_tgt = best_tgt[s] < 0 ? -1 : id[best_tgt[s]];
   }
-  // 4. Edges between kept states in CSR form, sorted by token; the best one per state (largest count, then
-  // smallest token). Extra edges come from the transition table in memory order, not per-state list walks.
+  std::vector<int32_t>().swap(best_tgt);
+  std::vector<int32_t>().swap(best_tok);
+  // 4. Edges between kept states in CSR form, sorted by token (the best one per state was set in step 3). Extra edges
+  // come from the transition table in memory order, not per-state list walks.
   auto kept = [&](int32_t s) { return s >= 0 && id[s] >= 0; };
   for (int32_t s = 0; s < n; ++s)
     if (kept(s) && st[s].e0_tok >= 0 && kept(st[s].e0_tgt)) ++st_[id[s]].edge_begin;
@@ -105,15 +108,6 @@ Snapshot::Snapshot(const SequenceSet& seqs, int depth, int gram, uint64_t versio
     Edge* lo = edges_.data() + st_[t].edge_begin;
     Edge* hi = edges_.data() + st_[t + 1].edge_begin;
     if (hi - lo > 1) std::sort(lo, hi, [](const Edge& x, const Edge& y) { return x.token < y.token; });
-    State& x = st_[t];
-    int32_t best_cnt = -1;
-    for (const Edge* e = lo; e < hi; ++e) {
-      if (st_[e->target].cnt > best_cnt) {
-        best_cnt = st_[e->target].cnt;
-        x.best_tok = e->token;
-        x.best_tgt = e->target;
-      }
-    }
   }
   // 5. Support: per gram state, the distinct sequences with a position whose gram-long suffix it holds.
   std::vector<int32_t> last_seq(m, -1);
