@@ -297,7 +297,6 @@ def selftest_snapshot_layout(seed: int, n: int) -> tuple[str, float]:
     the tests."""
 
 
-
 def controller_budgets(accept: _F64, table: _F64, pooled: _F64, generated: _F64, cap: _F64, tau_obs: _F64,
                        draws: _F64, params: dict[str, Any], lengths: _I32, value: _F64, p: _F64,
                        expected_kept: _F64, rem_mean: _F64) -> float:
