@@ -94,13 +94,35 @@ def test_toy_run_json(tmp_path, capsys):
 def test_points_over_the_memory_limit_are_skipped(tmp_path):
     vc = _recipe()
     out = tmp_path / "cost.json"
-    # vocab 4096, drafts [16] + 7 x [2]: the patched point's estimate is ~3.1 MiB (38 positions), the padded
-    # one's ~6.6 MiB (136 rows); limit 4 MiB
+    # vocab 4096, drafts [16] + 7 x [2]: the patched point's estimate is ~4.5 MiB (38 positions), the padded
+    # one's ~11.3 MiB (136 rows); limit 8 MiB
     vc.main(["--batch", "8", "--longest", "16", "--vocab", "4096", "--repeats", "1", "--warmup", "0",
-             "--dtype", "float32", "--device", "cpu", "--max-gib", str(4 / 1024), "--json", str(out)])
+             "--dtype", "float32", "--device", "cpu", "--max-gib", str(8 / 1024), "--json", str(out)])
     points = {p["shape"]: p for p in json.loads(out.read_text())["points"]}
     assert points["padded"]["ms"] is None and "GiB" in points["padded"]["skipped"]
     assert points["patched"]["ms"] is not None
+
+
+def test_a_point_out_of_memory_is_recorded_and_the_grid_goes_on(tmp_path, monkeypatch):
+    """The estimate can fall short (an H200 ran out at B 1024, longest 64, padded, eager): that point is listed as
+    out of memory and the later points are still measured."""
+    vc = _recipe()
+    real = vc.time_call
+    calls = []
+
+    def time_call(fn, repeats, warmup, cuda):
+        calls.append(1)
+        if len(calls) == 2:  # the first point's padded shape
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(fn, repeats, warmup, cuda)
+
+    monkeypatch.setattr(vc, "time_call", time_call)
+    out = tmp_path / "cost.json"
+    vc.main(["--batch", "4", "--longest", "1,4", "--vocab", "256", "--repeats", "1", "--warmup", "0",
+             "--dtype", "float32", "--device", "cpu", "--json", str(out)])
+    points = json.loads(out.read_text())["points"]
+    assert [p["ms"] is None for p in points] == [False, True, False, False]
+    assert points[1]["skipped"].startswith("out of memory")
 
 
 def test_bad_arguments_are_refused():

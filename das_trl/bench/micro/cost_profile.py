@@ -8,10 +8,14 @@ to use. It measures the device it runs on: on a CPU it measures the CPU (right f
 compute-bound, so ``c_tok`` is large), on a GPU the GPU. It does not run vLLM's kernels, CUDA graphs or scheduler,
 so a live engine's step times differ; the proposer's online fit (``cost_source="online"``) measures those.
 
+A pass's time does not depend on the weights' values, so ``--random-init`` profiles a model from its config alone
+(``--model`` is then a directory or hub name holding ``config.json``; the weights are random, built on the device):
+a 7B model's profile needs no download of its 15 GB of weights, e.g. on a GPU machine without network.
+
 CLI::
 
-    das-trl bench cost-profile [--model PATH] [--batch 1,4,16,64] [--query 1,4,8,16] [--context 256]
-        [--repeats 5] [--device cpu|cuda] [--dtype float32] [--json OUT]
+    das-trl bench cost-profile [--model PATH] [--random-init] [--batch 1,4,16,64] [--query 1,4,8,16]
+        [--context 256] [--repeats 5] [--device cpu|cuda] [--dtype float32] [--json OUT]
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from das_trl.budget.cost_model import fit_linear
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="das-trl bench cost-profile", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="model path or hub name (default: the embedded SmolLM2-135M)")
+    p.add_argument("--random-init", action="store_true",
+                   help="build the model from --model's config.json with random weights (no weights needed)")
     p.add_argument("--batch", default="1,4,16,64", help="comma-separated requests per pass (B)")
     p.add_argument("--query", default="1,4,8,16", help="comma-separated tokens per request per pass (q = 1 + draft)")
     p.add_argument("--context", type=int, default=256, help="KV-cache length per request before the pass (tokens)")
@@ -54,7 +60,12 @@ def measure(model, batch_sizes: Sequence[int], queries: Sequence[int], context: 
         ctx = torch.randint(0, vocab, (b, context), generator=gen).to(device)
         with torch.inference_mode():
             cache = DynamicCache()
-            model(input_ids=ctx, past_key_values=cache, use_cache=True)
+            try:  # the prefill's logits for its last position only: all of them are B x context x vocab (80 GB
+                # at 256 x 1k for a 152k vocabulary), which an engine never builds
+                model(input_ids=ctx, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            except TypeError:  # a model class without the argument
+                cache = DynamicCache()
+                model(input_ids=ctx, past_key_values=cache, use_cache=True)
             for q in queries:
                 new = torch.randint(0, vocab, (b, q), generator=gen).to(device)
                 pos = torch.arange(context, context + q, device=device).expand(b, q)
@@ -83,11 +94,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if model_path is None:
         from das_trl.defaults.model import prepare_default_model
         model_path = prepare_default_model()
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device).eval()
+    if args.random_init:
+        from transformers import AutoConfig
+
+        with torch.device(device):  # initialised where it runs: a 7B model's random weights in seconds on a GPU
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path), dtype=dtype).eval()
+    else:
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device).eval()
+    params = sum(p.numel() for p in model.parameters())
     batches = [int(x) for x in args.batch.split(",")]
     queries = [int(x) for x in args.query.split(",")]
-    print(f"cost profile of {model_path} on {device} ({dtype}), context {args.context} tokens, "
-          f"threads {torch.get_num_threads()}")
+    print(f"cost profile of {model_path} ({params / 1e9:.2f}B parameters{', random weights' if args.random_init else ''})"
+          f" on {device} ({dtype}), context {args.context} tokens, threads {torch.get_num_threads()}")
     rows = measure(model, batches, queries, args.context, args.repeats, device)
     base, tok, r2 = fit_linear([r["tokens"] for r in rows], [r["ms"] for r in rows])
     print(f"fit: t(T) = {base:.3f} ms + {tok:.5f} ms/token * T   (r2 {r2:.3f}; {len(rows)} points)")
@@ -97,7 +115,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("warning: a fitted coefficient is <= 0 (noise, or a flat regime): measure a wider --batch/--query grid")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"model": str(model_path), "device": device, "dtype": str(dtype),
+        Path(args.json).write_text(json.dumps({"model": str(model_path), "random_init": bool(args.random_init),
+                                               "parameters": params, "device": device,
+                                               "device_name": torch.cuda.get_device_name() if device.startswith(
+                                                   "cuda") else None, "dtype": str(dtype),
                                                "context": args.context, "points": rows, "c_base_ms": base,
                                                "c_tok_ms": tok, "r2": r2}, indent=2))
         print(f"wrote {args.json}")
