@@ -159,7 +159,9 @@ class BudgetController:
 
     def history_pushed(self) -> None:
         """New history arrived: the next step recomputes its plan (the quiet backoff starts over), since what the
-        drafter can offer changed."""
+        drafter can offer changed. The pushed lengths are sorted into the length table here, during the push, not by
+        the next step's plan (the same table either way)."""
+        self.lengths.prepare()
         self._replan_interval = self.config.replan_steps
         self._silent_replans = 0
         self._since_plan = self._replan_interval  # due at the next step

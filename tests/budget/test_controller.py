@@ -178,6 +178,28 @@ def test_remaining_samples_condition_on_progress_and_fall_back():
     assert rem.min() >= 1.0
 
 
+def test_a_history_push_sorts_the_length_table_so_the_next_plan_does_not(monkeypatch):
+    """The table is rebuilt at the push (history_pushed), not by the first engine step after it; the plan reads the
+    same table either way."""
+    lazy, eager = BudgetController(ControllerConfig(cost_source="config")), \
+        BudgetController(ControllerConfig(cost_source="config"))
+    for ctl in (lazy, eager):
+        ctl.observe(7, [100, 200, 300])
+        ctl.observe(9, [1000, 1200])
+    eager.history_pushed()
+    rebuilds = []
+    monkeypatch.setattr(LengthTable, "_rebuild", lambda self, real=LengthTable._rebuild: (rebuilds.append(self),
+                                                                                          real(self)))
+    keys, out_len = np.array([7, 9, 9]), np.array([50, 400, 900])
+    b_eager = eager.budgets(_accept(3, 0.9, 0.95), keys, out_len, out_len // 4)
+    assert rebuilds == []  # the push built it
+    b_lazy = lazy.budgets(_accept(3, 0.9, 0.95), keys, out_len, out_len // 4)
+    assert rebuilds == [lazy.lengths]  # without the push, the first plan builds it
+    assert np.array_equal(b_eager, b_lazy)
+    eager.history_pushed()  # nothing new observed: no rebuild
+    assert rebuilds == [lazy.lengths]
+
+
 def test_survival_is_the_share_of_samples_still_running():
     rem = np.array([[1.0, 2.5, 3.0, 10.0], [50.0, 50.0, 50.0, 50.0]])
     s = survival(rem, 4)
