@@ -20,7 +20,7 @@ among the drafters) and ``oracle-text`` (the true continuation at the drafter's 
 and cost model, the trainer default's time with the CPU vs ``none`` and vs the better of ``none`` and ``suffix``,
 its gap to ``oracle-trim`` and its tokens per round.
 
-Verification logprobs (``--c-logprob`` ms per row, an estimate until a GPU measures it) are priced under the first of
+Verification logprobs (``--c-logprob`` ms per row; default what an H200 measured, 1 us) are priced under the first of
 ``--shapes`` (``patched``: das-trl's logprob patch, one row per verified position) in the tables; each further shape
 (``padded``: vLLM's own ``rows x (longest draft + 1)``) adds ``none``, ``suffix`` and the default priced under it (the
 default re-run, since it plans for the shape), so a reader sees what a user of an unpatched vLLM gets.

@@ -23,9 +23,9 @@ class ControllerConfig:
         c_base_ms / c_tok_ms: the cost model ``c_base + c_tok * tokens`` per forward pass (paper Fig. 8: 7 / 0.025 on
             its GPUs; ``das-trl bench cost-profile`` measures it on the current device).
         c_logprob_ms / verification_shape: the verification logprob term of the cost model, ms per row of the
-            logprob path (``None``: :func:`~das_trl.budget.cost_model.assumed_c_logprob_ms`, an estimate of 1 us per
-            row at a 151,936-entry vocabulary on an H100/H200-class GPU, scaled to the engine's vocabulary by the
-            proposer, until ``recipes/gpu/verification_cost.py`` measures yours; 0: free),
+            logprob path (``None``: :func:`~das_trl.budget.cost_model.assumed_c_logprob_ms`, 1 us per row at a
+            151,936-entry vocabulary, what an H200 measured with vLLM's compiled rank count (0.98 us), scaled to the
+            engine's vocabulary by the proposer; ``recipes/gpu/verification_cost.py`` measures yours; 0: free),
             and that path's shape: ``"patched"`` (das-trl's patch: one row per verified position, so each draft token
             costs ``c_tok + c_logprob``) or ``"padded"`` (vLLM's own: ``rows x (longest draft + 1)``, so lengthening a
             step's longest draft costs ``c_logprob`` for every row of the batch, and the plan and the cut keep a long

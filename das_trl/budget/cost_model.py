@@ -6,7 +6,7 @@ the sampled tokens' logprobs): the verified positions where das-trl's patch is i
 ``das_trl.vllm.verification_logprobs``), ``rows x (longest draft + 1)`` on vLLM's own padded path (``"padded"``); a
 step without drafts has one per row either way. The budget controller (``controller.py``) reads the coefficients; they
 come from configuration (the DAS paper's Fig. 8 measured 7 ms + 0.025 ms/token on its GPUs; ``c_logprob``:
-:data:`ASSUMED_C_LOGPROB_MS` until ``recipes/gpu/verification_cost.py`` measures it), from ``das-trl bench
+:data:`ASSUMED_C_LOGPROB_MS`, what ``recipes/gpu/verification_cost.py`` measured on an H200), from ``das-trl bench
 cost-profile`` (torch-level forward passes on the current device), or from :class:`OnlineCostFit` (the engine's own
 step timings, as the vLLM proposer sees them).
 
@@ -26,13 +26,16 @@ VERIFICATION_SHAPES = ("patched", "padded")
 #: The vocabulary :data:`ASSUMED_C_LOGPROB_MS` is stated for (Qwen2 / Qwen2.5's 151,936 entries).
 ASSUMED_LOGPROB_VOCAB = 151_936
 
-#: ms per row of the verification logprob path at :data:`ASSUMED_LOGPROB_VOCAB` on an H100/H200-class GPU: an
-#: estimate from memory bandwidth, not a measurement (no GPU has run ``recipes/gpu/verification_cost.py`` yet). vLLM's
-#: padded path moves ~7 float32 vocabulary rows per row (0.61 MB each): the gather into the padded layout (read +
-#: write), the log-softmax (three reads, one write: a 0.61 MB row does not fit in shared memory) and the rank count
-#: (one read): ~4.3 MB, ~1.1 us at 3.8 TB/s (80 % of the H200's 4.8 TB/s); the patched path's ~5 (no gather) plus
-#: building the float32 logits (~3), per verified position, come to about the same. Rounded to 1 us; it scales with
-#: the vocabulary and inversely with memory bandwidth (docs/gpu.md, "What verification logprobs cost").
+#: ms per row of the verification logprob path at :data:`ASSUMED_LOGPROB_VOCAB` on an H100/H200-class GPU, measured:
+#: ``recipes/gpu/verification_cost.py --compile`` on an H200 (torch 2.11, bf16 logits, B 64-1024, longest draft
+#: 1-64; the rank count compiled, as vLLM's ``batched_count_greater_than`` is) fitted 0.93 ms + 0.98 us per row (r2
+#: 0.976); with the rank count eager, 1.91 us (r2 0.998). Results: ``benchmarks/results/h200/``. The value, 1 us, was
+#: first an estimate from memory bandwidth, ~1.1 us: vLLM's padded path moves ~7 float32 vocabulary rows per row
+#: (0.61 MB each): the gather into the padded layout (read + write), the log-softmax (three reads, one write: a 0.61 MB
+#: row does not fit in shared memory) and the rank count (one read): ~4.3 MB at 3.8 TB/s (80 % of the H200's
+#: 4.8 TB/s); the patched path's ~5 (no gather) plus building the float32 logits (~3), per verified position, come
+#: to about the same. It scales with the vocabulary and inversely with memory bandwidth (docs/gpu.md, "What
+#: verification logprobs cost").
 ASSUMED_C_LOGPROB_MS = 0.001
 
 

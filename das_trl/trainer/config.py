@@ -113,7 +113,8 @@ class DASGRPOConfig(GRPOConfig):
                           "\"c_tok_ms\": 0.025, \"draft_row_us\": 20.0}. None uses the defaults: 7 ms + 0.025 "
                           "ms/token (the DAS paper's GPU figures; measure your device with `das-trl bench "
                           "cost-profile`) and c_logprob_ms 0.001 per row at a 151,936-entry vocabulary, scaled to "
-                          "the model's (an estimate; recipes/gpu/verification_cost.py measures it). "
+                          "the model's (an H200 measured 0.98 us per row with vLLM's compiled rank count; "
+                          "recipes/gpu/verification_cost.py measures yours). "
                           "{\"cost_source\": \"online\"} fits the cost model from the engine's "
                           "own step times instead; measured times then steer the drafts, so two runs with the same "
                           "seed no longer give the same rollouts."},
