@@ -133,6 +133,42 @@ def test_native_plan_equals_the_numpy_reference_over_steps(c_tok):
     assert drafted_rows > 0 and same_caps >= 0.999 * drafted_rows, (same_caps, drafted_rows)
 
 
+def test_rows_seen_kernel_equals_the_numpy_reference():
+    """``controller_rows_seen`` (quiet_step's check) against its numpy reference in BudgetController, on random slot
+    sets: slots past the epoch array or at an older epoch make it False, as a negative slot does (numpy would wrap)."""
+    rows_seen = native.load().controller_rows_seen
+    ref = BudgetController(ControllerConfig(cost_source="config", backend="python"))
+    rng = np.random.default_rng(5)
+    answers = set()
+    for trial in range(300):
+        m = int(rng.integers(1, 64))
+        epoch = int(rng.integers(0, 4))
+        slot_epoch = np.where(rng.random(m) < 0.95, epoch, rng.integers(0, epoch + 1, m)).astype(np.int64)
+        slots = rng.choice(m + (trial % 3 == 0), size=int(rng.integers(1, m + 1)), replace=False).astype(np.int64)
+        ref._slot_epoch, ref._epoch = slot_epoch, epoch
+        got = rows_seen(slots, slot_epoch, epoch)
+        assert got is ref._all_rows_seen(slots)
+        answers.add(got)
+    assert answers == {True, False}
+    assert rows_seen(np.array([0, -1], np.int64), np.zeros(4, np.int64), 0) is False
+    assert rows_seen(np.zeros(0, np.int64), np.zeros(4, np.int64), 3) is True
+
+
+def test_quiet_step_skips_the_plan_only_for_rows_the_plan_saw():
+    """Both backends: after a silent plan, a quiet step of the same rows (another array) skips the plan, one with a
+    row the plan did not see does not."""
+    for backend in ("python", "native"):
+        ctl = BudgetController(ControllerConfig(cost_source="config", backend=backend, always_plan_rows=0,
+                                                c_tok_ms=5.0))  # verification far too dear: nothing pays
+        ctl.observe(1, [500, 600])
+        n = 8
+        slots = np.arange(n, dtype=np.int64)
+        plan = ctl.plan(np.full(n, 1), np.full(n, 10), slots=slots)
+        assert plan.drafted == 0
+        assert ctl.quiet_step(slots.copy())
+        assert not ctl.quiet_step(np.append(slots[:-1], 9))  # slot 9: never planned
+
+
 def test_plan_kernel_rejects_bad_slots_and_shapes():
     kernel = native.load().controller_plan
     n = 3

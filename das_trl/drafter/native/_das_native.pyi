@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["MAX_SPEC_TOKENS", "Drafter", "RequestBook", "controller_budgets", "controller_cut", "controller_plan"]
+__all__ = ["MAX_SPEC_TOKENS", "Drafter", "RequestBook", "controller_budgets", "controller_cut", "controller_plan",
+           "controller_rows_seen"]
 
 _B = npt.NDArray[np.bool_]
 _I8 = npt.NDArray[np.int8]
@@ -357,6 +358,11 @@ def controller_cut(accept: _F64, table: _F64, pooled: _F64, rows: _I64, generate
             NaN (nothing written), bad ``draws``, an empty table or sample axis.
     """
 
+
+def controller_rows_seen(slots: _I64, slot_epoch: _I64, epoch: int) -> bool:
+    """Whether every row was seen by the plan of epoch ``epoch``: each of ``slots`` (``int64 [n]``) lies in
+    ``[0, len(slot_epoch))`` with ``slot_epoch[slot] >= epoch`` (``slot_epoch``: ``int64 [m]``). The check of
+    ``BudgetController.quiet_step`` in one pass; ``True`` for no rows."""
 
 def controller_plan(out_len: _F64, rounds: _F64, max_output: _F64, caps: _I32, q: _F64, replan: bool, table: _F64,
                     pooled: _F64, draws: _F64, slots: _I64, slot_p: _F64, slot_epoch: _I64, epoch: int,

@@ -451,6 +451,15 @@ NB_MODULE(_das_native, m) {
       "keeping a token, offered tokens, expected accepted tokens).");
 
   m.def(
+      "controller_rows_seen",
+      [](In1<int64_t> slots, In1<int64_t> slot_epoch, int64_t epoch) {
+        return das::controller_rows_seen(static_cast<int64_t>(slots.shape(0)), slots.data(),
+                                         static_cast<int64_t>(slot_epoch.shape(0)), slot_epoch.data(), epoch);
+      },
+      "slots"_a, "slot_epoch"_a, "epoch"_a,
+      "Whether every slot is in [0, len(slot_epoch)) with slot_epoch[slot] >= epoch (BudgetController.quiet_step).");
+
+  m.def(
       "controller_plan",
       [](In1<double> out_len, In1<double> rounds, In1<double> max_output, In1<int32_t> caps, In1<double> q,
          bool replan, nb::ndarray<const double, nb::ndim<2>, nb::c_contig, nb::device::cpu> table, In1<double> pooled,

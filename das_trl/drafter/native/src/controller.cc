@@ -350,4 +350,12 @@ int32_t draft_cap(double weight, double q, int32_t cap, const ControllerParams& 
   return std::min(cap, std::max(kMinDraftCap, static_cast<int32_t>(std::ceil(reach))));
 }
 
+bool controller_rows_seen(int64_t n, const int64_t* slots, int64_t m, const int64_t* slot_epoch, int64_t epoch) {
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t s = slots[i];
+    if (s < 0 || s >= m || slot_epoch[s] < epoch) return false;
+  }
+  return true;
+}
+
 }  // namespace das

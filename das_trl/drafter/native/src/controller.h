@@ -85,6 +85,11 @@ PlanResult controller_plan(int64_t n, const double* out_len, const double* round
 // assumed to stay above that for up to twice the positions q^j would (drafts vary around the row's average).
 int32_t draft_cap(double weight, double q, int32_t cap, const ControllerParams& prm);
 
+// Whether every row was seen by the plan of the current epoch: each slot in [0, m) with slot_epoch[slot] >= epoch
+// (BudgetController.quiet_step's check, one pass: numpy's three calls cost ~5-12 us per engine step at 150-550 rows
+// in an engine step, where their dispatch runs cold).
+bool controller_rows_seen(int64_t n, const int64_t* slots, int64_t m, const int64_t* slot_epoch, int64_t epoch);
+
 // The fewest tokens draft_cap gives a drafted row.
 constexpr int32_t kMinDraftCap = 4;
 
