@@ -123,8 +123,9 @@ def add_engine_args(p: argparse.ArgumentParser, shapes: bool = False) -> None:
 
     g = p.add_argument_group("the engine (verification logprobs, admission)")
     g.add_argument("--c-logprob", type=_non_negative, default=ASSUMED_C_LOGPROB_MS,
-                   help="cost model: ms per row of vLLM's verification logprob path (default %(default)s: an "
-                        "estimate at a 151,936-entry vocabulary on an H100/H200-class GPU, docs/budget.md; 0: free)")
+                   help="cost model: ms per row of vLLM's verification logprob path (default %(default)s: an H200 "
+                        "measured 0.00098 at a 151,936-entry vocabulary with vLLM's compiled rank count, "
+                        "recipes/gpu/verification_cost.py, docs/budget.md; 0: free)")
     if shapes:
         g.add_argument("--shapes", type=_shapes, default=list(VERIFICATION_SHAPES),
                        help="verification shapes, comma-separated: the first prices the main tables, the others add "

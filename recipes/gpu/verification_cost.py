@@ -21,7 +21,8 @@ verified positions:
   the small ``[P, num_logprobs + 1]`` results into the padded layout ``parse_output`` reads.
 
 vLLM counts ranks with a compiled kernel (``batched_count_greater_than``); here it runs eagerly unless
-``--compile``, which adds one ``[rows, vocab]`` bool temporary to the peak and one pass to the time.
+``--compile`` (what vLLM runs): eager builds the comparison's ``[rows, vocab]`` bool and its sum's ``int64`` copy,
+so on an H200 it took about twice the compiled run's peak memory and time at large sizes (1.91 vs 0.98 us per row).
 
 What it prints
 --------------
@@ -210,14 +211,14 @@ PATHS: dict[str, Callable[..., tuple[torch.Tensor, ...]]] = {"patched": patched_
 # ------------------------------------------------------------------------------------------------ measuring
 
 
-def bytes_needed(drafts: Sequence[int], vocab: int, shape: str) -> int:
+def bytes_needed(drafts: Sequence[int], vocab: int, shape: str, compiled: bool = False) -> int:
     """Upper estimate of the tensors one point holds at once: inputs (``2 P`` float32 rows), ``final_logits``
-    (``P``), and ``4.5 R`` rows of temporaries (``R = P`` patched): the gathered rows and their log-softmax, the rank
-    count's bool temporary and, eager, its sum's int64 copy (an H200 measured 4.25-4.35 ``R`` float32 rows above the
-    inputs at every point of the default grid)."""
+    (``P``), and rows of temporaries (``R = P`` patched): the gathered rows and their log-softmax, and eager the rank
+    count's bool temporary and its sum's int64 copy: ``4.5 R`` eager, ``2.5 R`` compiled (an H200 measured 4.25-4.35
+    and 2.0-2.1 ``R`` float32 rows above the inputs at every point of the default grid)."""
     p = verified_positions(drafts)
     r = p if shape == "patched" else padded_rows(drafts)
-    return int((3 * p + 4.5 * r) * vocab * 4)
+    return int((3 * p + (2.5 if compiled else 4.5) * r) * vocab * 4)
 
 
 def time_call(fn: Callable[[], Any], repeats: int, warmup: int, cuda: bool) -> tuple[float, int | None]:
@@ -266,7 +267,7 @@ def measure(args: argparse.Namespace, device: str) -> list[dict[str, Any]]:
                                  short=min(args.short, longest), shape=shape,
                                  positions=verified_positions(drafts),
                                  rows=verified_positions(drafts) if shape == "patched" else padded_rows(drafts))
-                    need = bytes_needed(drafts, args.vocab, shape)
+                    need = bytes_needed(drafts, args.vocab, shape, args.compile)
                     if need > limit:
                         point.update(ms=None, peak_mib=None, skipped=f"needs ~{need / GIB:.1f} GiB")
                     else:
