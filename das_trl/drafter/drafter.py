@@ -39,7 +39,7 @@ from .history import RolloutHistory, history_state
 from .problem_key import problem_key as _problem_key
 from .sources import MATCH_BUCKETS, POSITION_BUCKETS, SOURCE_ORDER
 from .tokens import (_INT32, TOKEN_LIMIT, as_tokens, check_request_id, count_array, group_rollouts,
-                     int32_array)
+                     int32_array, token_view)
 
 _GLOBAL_KEY = 2**64 - 1  # HistoryIndex::kGlobalKey
 _I32_MAX = 2**31 - 1
@@ -187,7 +187,7 @@ class NativeDASDrafter:
         """:meth:`start_request`, returning the request's ``(slot, problem key)`` (what :meth:`slot_of` and
         :meth:`problem_of` return, without their two locked lookups). Raises as :meth:`start_request`."""
         check_request_id(request_id)
-        prompt = as_tokens(prompt_token_ids, "prompt_token_ids")
+        prompt = token_view(prompt_token_ids, "prompt_token_ids")  # the core copies it (no copy here)
         key = _problem_key(prompt) if problem_key is None else int(problem_key)
         if not 0 <= key < 2**63:
             raise ValueError(f"problem_key must be an int in [0, 2**63), got {problem_key!r}")

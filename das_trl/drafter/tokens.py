@@ -113,6 +113,19 @@ def as_tokens(ids: Sequence[int] | np.ndarray, what: str) -> np.ndarray:
     return np.array(arr, dtype=np.int32)
 
 
+def token_view(ids: Sequence[int] | np.ndarray, what: str) -> np.ndarray:
+    """:func:`as_tokens` without its copy where ``ids`` is already a 1-D ``np.int32`` array: that array itself,
+    checked (every ``int32`` is below ``2**31``, so only the lower bound is read). For a call that copies the ids
+    before it returns (the native core's ``start``); keep nothing of the result past the call. Raises as
+    :func:`as_tokens`."""
+    if type(ids) is np.ndarray and ids.dtype == _INT32 and ids.ndim == 1:
+        if ids.size and int(np.minimum.reduce(ids)) < 0:
+            raise ValueError(f"{what} token ids must lie in [0, 2**31), got range [{int(ids.min())}, "
+                             f"{int(ids.max())}]")
+        return ids
+    return as_tokens(ids, what)
+
+
 def group_rollouts(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
                    problem_keys: Sequence[int] | None = None) -> tuple[dict[int, tuple[np.ndarray, list[np.ndarray]]],
                                                                       dict]:

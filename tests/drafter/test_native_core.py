@@ -46,6 +46,31 @@ def test_bad_input_gets_clear_errors_and_changes_nothing(rng):
     assert d.check() == ""
 
 
+def test_a_prompt_is_started_from_the_callers_int32_array_without_a_copy(rng):
+    """An int32 prompt (vLLM's token row) is checked in place and copied once, by the core: a strided or negative one
+    too, with the same errors as a list; the drafts do not depend on how the prompt was given."""
+    from das_trl.drafter.tokens import token_view
+
+    row = rng.integers(0, 100, 40).astype(np.int32)
+    assert token_view(row, "p") is row
+    assert token_view(row[::2], "p") is not None and token_view([1, 2], "p").dtype == np.int32
+    with pytest.raises(ValueError, match=r"range \[-3, 9\]"):
+        token_view(np.array([9, -3], np.int32), "prompt_token_ids")
+    d, ref = make(), make()
+    with pytest.raises(ValueError, match=r"\[0, 2\*\*31\)"):
+        d.start_request("bad", np.array([4, -1], np.int32))
+    assert "bad" not in d.active_requests
+    d.start_request("view", row[::2])  # strided: the core's binding copies it
+    ref.start_request("view", row[::2].tolist())
+    row[:] = 0  # the caller reuses its buffer: the drafter kept its own copy
+    for drafter in (d, ref):
+        drafter.add_rollouts([rng.integers(0, 100, 20).tolist()], [list(range(30))])
+        drafter.extend_request("view", [1, 2, 3])
+    got, want = d.propose_batch(["view"], [8]), ref.propose_batch(["view"], [8])
+    assert got.as_lists() == want.as_lists() and got.as_lists()[0]
+    assert d.check() == ""
+
+
 def test_missing_build_says_how_to_build(monkeypatch):
     monkeypatch.setattr(native, "_module", None)
     import builtins
