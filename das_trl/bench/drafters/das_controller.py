@@ -24,8 +24,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-import numpy as np
-
 from das_trl.bench.reliability import ReliabilityRecord
 from das_trl.budget import BudgetController, ControllerConfig
 from das_trl.drafter import DrafterConfig
@@ -90,7 +88,8 @@ class DASControllerDrafter(DASReplayDrafter):
         spec.max_step_tokens, spec.max_step_drafts, spec.max_draft_len = token_budget, max_step_drafts, max_draft_len
 
     def start(self, rid, rec):
-        prompt = np.asarray(rec.prompt_ids, np.int64)
+        # the prompt as DASProposer passes it: the request's int32 token row, prompt part (vLLM's token_ids_cpu)
+        prompt = self._matrix[self._row[rid], : self._prompt_len[rid]]
         with self.watch:
             self.speculator.start(rid, prompt, rec.problem_key, self.max_output)
 
