@@ -121,6 +121,28 @@ def test_bad_slots_raise_and_change_nothing():
     assert all(np.array_equal(before[k], after[k]) for k in before)
 
 
+def test_distinct_finds_a_slot_twice_in_both_books():
+    """The Speculator's check that no request is listed twice in a step: the native book's stamp pass and the
+    reference agree on random slot lists, and a call does not see the stamps of the one before it."""
+    ref, nat = _books()
+    for slot in range(40):
+        ref.reset(slot, slot, 100, slot)
+        nat.reset(slot, slot, 100, slot)
+    rng = np.random.default_rng(3)
+    answers = set()
+    for trial in range(200):
+        slots = rng.choice(40, size=int(rng.integers(1, 40)), replace=bool(trial % 2)).astype(np.int64)
+        got = nat.distinct(slots)
+        assert got == ref.distinct(slots) == (len(set(slots.tolist())) == len(slots))
+        assert nat.distinct(slots) == got  # the same list again: the stamps of the last call are not duplicates
+        answers.add(got)
+    assert answers == {True, False}
+    for book in (ref, nat):
+        with pytest.raises(ValueError):
+            book.distinct(np.array([0, 400], np.int64))
+        assert book.distinct(np.zeros(0, np.int64))
+
+
 def test_native_book_needs_the_native_drafter():
     from das_trl.budget import BudgetController
 

@@ -129,6 +129,13 @@ class RequestBook:
         self.rounds[slots] += steps
         return bool(self.sent[slots].any())
 
+    def distinct(self, slots: np.ndarray) -> bool:
+        """Whether the ``slots`` (``int64 [n]``, each a slot of this book) are pairwise distinct: no request listed
+        twice in a step. Raises ``ValueError`` for a slot outside the book."""
+        if len(slots) and (int(np.minimum.reduce(slots)) < 0 or int(np.maximum.reduce(slots)) >= len(self.key)):
+            raise ValueError(f"request book: a slot outside [0, {len(self.key)})")
+        return len(np.unique(slots)) == len(slots)
+
     def decay(self, steps: int = 1) -> None:
         """``steps`` steps that skipped the plan: only the engine-wide outcomes fade, once per step (the same products
         as one call per step)."""
@@ -284,6 +291,9 @@ class NativeRequestBook:
 
     def begin(self, slots: np.ndarray, steps: int = 1) -> bool:
         return self._book.begin(slots, steps)
+
+    def distinct(self, slots: np.ndarray) -> bool:
+        return self._book.distinct(slots)
 
     def decay(self, steps: int = 1) -> None:
         self._book.decay(steps)

@@ -249,7 +249,8 @@ class Speculator:
                                                                                           req_ids), np.int64, n)
             except KeyError as e:
                 raise KeyError(f"request {e.args[0]!r} is not tracked (start it first)") from None
-            if len(self._slot_of) < n or len(set(req_ids)) != n:
+            # an id twice is a slot twice (one pass in the native book; a set of the ids cost 5-27 us at 150-556 rows)
+            if len(self._slot_of) < n or not self._book.distinct(slots):
                 raise ValueError("step: a request id appears twice in req_ids")
             self._last_ids, self._last_slots = list(req_ids), slots
             self._last_dslots = self._dslot[slots]

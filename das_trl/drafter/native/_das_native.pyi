@@ -252,6 +252,9 @@ class RequestBook:
         """Every row's round count + ``steps``; whether any row had a draft sent last step. Unknown slot or
         ``steps < 1``: ``ValueError``."""
 
+    def distinct(self, slots: _I64) -> bool:
+        """Whether the ``slots`` are pairwise distinct (no request twice in a step). Unknown slot: ``ValueError``."""
+
     def decay(self, steps: int = 1) -> None:
         """``steps`` steps that skipped the plan: the engine-wide record fades (x 0.99 per step)."""
 

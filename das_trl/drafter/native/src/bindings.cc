@@ -540,6 +540,9 @@ NB_MODULE(_das_native, m) {
       .def("begin", [](das::RequestBook& b, In1<int64_t> slots, int64_t steps) {
              return b.begin(slots.data(), static_cast<int64_t>(slots.shape(0)), steps);
            }, "slots"_a, "steps"_a = 1)
+      .def("distinct", [](das::RequestBook& b, In1<int64_t> slots) {
+             return b.distinct(slots.data(), static_cast<int64_t>(slots.shape(0)));
+           }, "slots"_a)
       .def("decay", &das::RequestBook::decay, "steps"_a = 1)
       .def("prepare",
            [](das::RequestBook& b, In1<int64_t> slots, In1<int32_t> num_sampled, In1<int32_t> verified,

@@ -58,6 +58,20 @@ bool RequestBook::begin(const int64_t* slots, int64_t n, int64_t steps) {
   return any_sent;
 }
 
+bool RequestBook::distinct(const int64_t* slots, int64_t n) {
+  if (stamp_.size() < key_.size()) stamp_.resize(key_.size(), 0);
+  if (++stamp_now_ == 0) std::fill(stamp_.begin(), stamp_.end(), 0), stamp_now_ = 1;  // after 2**32 calls
+  bool all = true;
+  for (int64_t i = 0; i < n; ++i) {  // check()'s range test in the same pass (the stamps are scratch)
+    if (slots[i] < 0 || slots[i] >= size())
+      throw InputError("request book: row " + std::to_string(i) + " has unknown slot " + std::to_string(slots[i]));
+    uint32_t& seen = stamp_[slots[i]];
+    all &= seen != stamp_now_;
+    seen = stamp_now_;
+  }
+  return all;
+}
+
 RequestBook::Observed RequestBook::prepare(const int64_t* slots, int64_t n, const int32_t* num_sampled,
                                            const int32_t* verified, const int32_t* num_tokens,
                                            const int32_t* num_prompt, int64_t max_model_len, int32_t k, int64_t* key,

@@ -31,6 +31,8 @@ class RequestBook {
   // Every row's round count + `steps` (the Speculator's quiet steps recorded at once: each is one round); returns
   // whether any row had a draft sent last step.
   bool begin(const int64_t* slots, int64_t n, int64_t steps = 1);
+  // Whether the n slots are pairwise distinct (a request listed twice in a step): one pass over a stamp per slot.
+  bool distinct(const int64_t* slots, int64_t n);
   // `steps` steps that skipped the plan: only the engine-wide outcomes fade, once per step (the same products as
   // one call per step).
   void decay(int64_t steps = 1) {
@@ -78,6 +80,8 @@ class RequestBook {
   std::vector<double> expected_, hits_, misses_, speculated_, sent_steps_;
   std::vector<double> scratch_;
   std::vector<int32_t> trim_slots_, trim_len_;
+  std::vector<uint32_t> stamp_;  // distinct(): the call that last saw each slot
+  uint32_t stamp_now_ = 0;
 };
 
 }  // namespace das
