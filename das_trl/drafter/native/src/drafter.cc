@@ -713,7 +713,14 @@ void Drafter::step(const int32_t* matrix, int64_t rows_in_matrix, int64_t row_le
   Lock lk(mu_);
   if (busy) ++ingest_.waits;
   bool drafting = false;
+  constexpr int64_t kAhead = 8;  // rows are scattered (a slot's record, a matrix row per request): fetch ahead
   for (int64_t i = 0; i < n; ++i) {  // validate every row before changing any state
+    if (i + kAhead < n) {
+      const int64_t a = i + kAhead;
+      if (slots[a] >= 0 && slots[a] < static_cast<int32_t>(hot_.size())) __builtin_prefetch(&hot_[slots[a]]);
+      if (rows[a] >= 0 && rows[a] < rows_in_matrix && num_tokens[a] > 0 && num_tokens[a] <= row_len)
+        __builtin_prefetch(matrix + static_cast<int64_t>(rows[a]) * row_len + num_tokens[a] - 1);
+    }
     req(slots[i]);
     if (rows[i] < 0 || rows[i] >= rows_in_matrix || num_prompt[i] < 0 || num_prompt[i] > num_tokens[i] ||
         num_tokens[i] > row_len || num_sampled[i] < 0)
