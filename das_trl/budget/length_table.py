@@ -26,7 +26,9 @@ class LengthTable:
         max_lengths: lengths kept per problem, most recent (int >= 1); older ones drop out as new ones arrive.
         global_quantiles: size of the pooled table used for problems without history (int >= 2).
 
-    Not thread-safe (the proposer / replay serialises calls).
+    Thread safety: a history push (``observe`` then ``prepare``, on the pushing thread) may run while an engine step
+    calls ``gather``: each build is published in one assignment and ``gather`` reads one build whole (a push's lengths
+    reach the steps that start after its build). Other concurrent calls are not supported.
     """
 
     def __init__(self, max_lengths: int = 64, global_quantiles: int = 64) -> None:
@@ -37,13 +39,12 @@ class LengthTable:
         self.global_quantiles = int(global_quantiles)
         self._lengths: dict[int, deque] = {}
         self._dirty = True
-        # Sorted keys; the table and counts carry one extra all-PAD row (index len(keys)) that unknown keys gather, and
-        # the keys one extra entry (-1, never a key past the last one) so a miss is one comparison.
-        self._keys = np.zeros(0, np.int64)
-        self._keys_ext = np.full(1, -1, np.int64)
-        self._table = np.full((1, self.max_lengths), PAD, np.float64)
-        self._counts = np.zeros(1, np.int64)
-        self._global = np.zeros(0, np.float64)
+        # (sorted keys, the keys with one extra entry (-1, never a key past the last one) so a miss is one comparison,
+        # the table and counts with one extra all-PAD row (index len(keys)) that unknown keys gather, the pooled
+        # quantiles): published together in one assignment, so a gather on the engine's thread reads one build whole
+        # while a history push (another thread) builds the next (prepare).
+        self._built = (np.zeros(0, np.int64), np.full(1, -1, np.int64), np.full((1, self.max_lengths), PAD, np.float64),
+                       np.zeros(1, np.int64), np.zeros(0, np.float64))
 
     def __len__(self) -> int:
         return len(self._lengths)
@@ -75,26 +76,23 @@ class LengthTable:
         return np.fromiter(dq, np.int64) if dq else np.zeros(0, np.int64)
 
     def _rebuild(self) -> None:
-        keys = np.fromiter(self._lengths.keys(), np.int64, len(self._lengths))
+        # Cleared before the snapshot: an observe() racing with this build marks the table dirty again after it.
+        self._dirty = False
+        items = [(k, list(dq)) for k, dq in list(self._lengths.items())]  # list() of a dict / deque: one C call each
+        keys = np.fromiter((k for k, _ in items), np.int64, len(items))
         order = np.argsort(keys)
-        self._keys = keys[order]
-        self._keys_ext = np.append(self._keys, -1)
         w = self.max_lengths
         table = np.full((len(keys) + 1, w), PAD, np.float64)  # + the unknown keys' row
         counts = np.zeros(len(keys) + 1, np.int64)
-        items = list(self._lengths.values())
         for row, j in enumerate(order.tolist()):  # once per history push, not per engine step
-            vals = np.sort(np.fromiter(items[j], np.float64))
+            vals = np.sort(np.asarray(items[j][1], np.float64))
             table[row, w - len(vals):] = vals  # ascending, padding first
             counts[row] = len(vals)
-        self._table, self._counts = table, counts
         pooled = table[table > PAD]
-        if pooled.size:
-            q = np.linspace(0.0, 1.0, self.global_quantiles)
-            self._global = np.quantile(pooled, q)
-        else:
-            self._global = np.zeros(0, np.float64)
-        self._dirty = False
+        glob = np.quantile(pooled, np.linspace(0.0, 1.0, self.global_quantiles)) if pooled.size else \
+            np.zeros(0, np.float64)
+        sorted_keys = keys[order]
+        self._built = (sorted_keys, np.append(sorted_keys, -1), table, counts, glob)
 
     def prepare(self) -> None:
         """Sort what :meth:`observe` added into the dense table now (a no-op when nothing was added), so that the
@@ -128,9 +126,10 @@ class LengthTable:
             keys = keys.reshape(-1)
         # Sorted search; a key not in the table (including one past the last key: the -1 sentinel) gets the extra
         # all-PAD row with count 0.
-        pos = self._keys.searchsorted(keys)
-        np.putmask(pos, self._keys_ext[pos] != keys, len(self._keys))
-        return self._table.take(pos, axis=0), self._counts[pos], self._global
+        known, known_ext, table, counts, pooled = self._built  # one build, whole
+        pos = known.searchsorted(keys)
+        np.putmask(pos, known_ext[pos] != keys, len(known))
+        return table.take(pos, axis=0), counts[pos], pooled
 
     def stats(self) -> dict:
         """``problems`` known and ``lengths`` kept (all problems)."""

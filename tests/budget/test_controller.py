@@ -200,6 +200,38 @@ def test_a_history_push_sorts_the_length_table_so_the_next_plan_does_not(monkeyp
     assert rebuilds == [lazy.lengths]
 
 
+def test_a_push_building_the_table_while_steps_gather_from_it():
+    """A history push (observe + prepare on its thread) while engine steps gather: every gather reads one build whole
+    (its keys, rows and counts agree), never keys of one build with rows of another."""
+    import threading
+
+    table = LengthTable(max_lengths=8)
+    stop, errors = threading.Event(), []
+
+    def push():
+        key = 0
+        while not stop.is_set():
+            table.observe(key, [100 + key % 7, 200])
+            table.prepare()
+            key += 1
+
+    pusher = threading.Thread(target=push)
+    pusher.start()
+    try:
+        for _ in range(3000):
+            keys = np.arange(0, 64, 3)
+            try:
+                rows, counts, _ = table.gather(keys)
+                assert np.array_equal((rows > PAD).sum(axis=1), counts)
+            except Exception as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+                break
+    finally:
+        stop.set()
+        pusher.join()
+    assert not errors, errors
+
+
 def test_survival_is_the_share_of_samples_still_running():
     rem = np.array([[1.0, 2.5, 3.0, 10.0], [50.0, 50.0, 50.0, 50.0]])
     s = survival(rem, 4)
