@@ -117,8 +117,10 @@ class DrafterConfig:
             than the CPU cores, at most 4, so the engine thread keeps a core).
         draft_threads: threads that draft the rows of one engine step in parallel (``native`` backend; the
             calling thread included; 1-64; default: half the CPU cores, at most 8: 1 on a 2-core machine, where
-            a second thread only competes with the engine's). vLLM runs the drafter synchronously, so a GPU
-            engine's CPU threads are idle meanwhile; drafts are the same for any value.
+            a second thread only competes with the engine's). In a step with at least 4 drafting rows they also
+            append those rows' new tokens, one automaton per task (each row's own, each sibling group's, the
+            batch's). vLLM runs the drafter synchronously, so a GPU engine's CPU threads are idle meanwhile;
+            drafts are the same for any value.
         background_ingest: in an engine step where no row drafts (every budget <= 0), copy the rows' new tokens
             into a queue and append them to the request, sibling and batch automata on a native thread while the
             engine runs its forward pass, instead of before ``step`` returns (``native`` backend; the reference

@@ -384,6 +384,45 @@ void Drafter::extend_shared_locked(Request& r, const int32_t* tokens, int64_t n)
   if (n > 0 && r.seq >= 0) pool_.extend(r.seq, tokens, n);
 }
 
+// Drafting rows with new tokens from which a step appends them on the drafting threads: waking the threads costs a
+// few microseconds, a row's appends ~7 us on AMC23 (a threshold chosen, not swept; benchmarks/NOTES.md, "The drafting
+// rows' appends on the drafting threads").
+constexpr size_t kMinParallelExtends = 4;
+
+void Drafter::queue_extend(int32_t slot, const int32_t* tokens, int64_t n) {
+  Request& r = reqs_[slot];
+  if (r.seq >= 0) {  // the tokens join the live sequence now; its groups get them in run_queued_extends
+    pool_.extend(r.seq, tokens, n, LivePool::kLateAll);
+    pool_.add_catch_up(r.seq);
+  }
+  extend_queue_.push_back(QueuedExtend{slot, tokens, n});
+}
+
+void Drafter::run_queued_extends() {
+  const int64_t groups = pool_.catch_up_tasks();
+  const int64_t tasks = groups + static_cast<int64_t>(extend_queue_.size());
+  std::atomic<int64_t> next{0};
+  auto work = [&](int64_t, int64_t, int) {  // each thread takes the next task: the batch group's first
+    for (int64_t t; (t = next.fetch_add(1, std::memory_order_relaxed)) < tasks;) {
+      if (t < groups) {
+        pool_.catch_up_task(t);
+      } else {
+        const QueuedExtend& q = extend_queue_[t - groups];
+        extend_own_locked(reqs_[q.slot], q.tokens, q.n);
+      }
+    }
+  };
+  try {
+    workers_->run(workers_->threads(), work, 1);
+  } catch (...) {
+    pool_.end_catch_up();
+    extend_queue_.clear();
+    throw;
+  }
+  pool_.end_catch_up();
+  extend_queue_.clear();
+}
+
 void Drafter::defer_row(int32_t slot, const int32_t* tokens, int64_t n, uint8_t what) {
   defer_rows_.push_back(Deferred{slot, what, static_cast<int64_t>(defer_tokens_.size()), n});
   if (n == 1) defer_tokens_.push_back(*tokens); else defer_tokens_.insert(defer_tokens_.end(), tokens, tokens + n);
@@ -755,52 +794,72 @@ void Drafter::step(const int32_t* matrix, int64_t rows_in_matrix, int64_t row_le
   if (defer_tokens_.size() > kMaxQueuedTokens) sync_locked();  // a thread that cannot keep up: the caller catches up
   const int K = cfg_.max_spec_tokens;
   bool deferred = false;
-  for (int64_t i = 0; i < n; ++i) {
-    Hot& h = hot_[slots[i]];
-    const int32_t* text = matrix + static_cast<int64_t>(rows[i]) * row_len;
-    const int64_t num_output = static_cast<int64_t>(num_tokens[i]) - num_prompt[i];
-    if (h.seen > num_output || h.prompt_len != num_prompt[i]) {
-      // Preempted and recomputed from a shorter state (or a new prompt): start over from the prompt. What is
-      // deferred (earlier steps, rows before this one) is ingested first, so the automata see the synchronous order.
-      sync_locked();
-      Request& r = reqs_[slots[i]];
-      const uint64_t problem = r.problem;
-      stop_locked(r);
-      start_locked(slots[i], text, num_prompt[i], problem);
-    } else if (h.pend_n > 0 && num_sampled[i] > 0) {
-      int64_t verified = h.pend_n;
-      if (num_verified[i] >= 0) verified = std::min<int64_t>(verified, num_verified[i]);
-      record_locked(reqs_[slots[i]], std::min<int64_t>(verified, num_sampled[i] - 1), verified);
-    }
-    const int64_t known = h.seen;
-    const int64_t fresh = num_output - known;
-    if (fresh > 0) {
-      const int32_t* from = text + num_prompt[i] + known;
-      h.seen = num_output;
-      if (defer || (late_idle && budgets[i] <= 0)) {
-        defer_row(slots[i], from, fresh, Deferred::kAll);
-        deferred = true;
-      } else if (late) {
-        // A drafting row: its own text now (its own automaton, context, history matches), the shared automata on
-        // the thread; until then its match there is advanced over these tokens (group_state).
-        if (i + 2 < n) prefetch_row(reqs_[slots[i + 2]], nullptr, nullptr);
-        Request& r = reqs_[slots[i]];
-        extend_own_locked(r, from, fresh);
-        if (r.seq >= 0) {
-          pool_.extend(r.seq, from, fresh, late_groups_);
-          defer_row(slots[i], nullptr, 0, Deferred::kShared);
-          deferred = true;
-        }
-      } else {
-        if (i + 2 < n) prefetch_row(reqs_[slots[i + 2]], nullptr, nullptr);
-        extend_locked(reqs_[slots[i]], from, fresh);
-      }
-    }
-    if (defer) {  // no row drafts: what propose_rows writes for a row without a budget
-      h.pend_n = -1;
-      no_draft(i, K, tokens, accept, lengths, source, match_len, fill_idle);
+  // A drafting step on several drafting threads appends its rows' tokens there (the same automata as appending
+  // them here row by row: each automaton gets its rows in order), when it has enough rows to be worth the threads.
+  size_t appending = 0;
+  if (workers_ && drafting && !late && !defer) {
+    for (int64_t i = 0; i < n && appending < kMinParallelExtends; ++i) {
+      const Hot& h = hot_[slots[i]];
+      appending += !(late_idle && budgets[i] <= 0) && h.seen < static_cast<int64_t>(num_tokens[i]) - num_prompt[i] &&
+                   h.prompt_len == num_prompt[i];
     }
   }
+  const bool parallel_extend = appending >= kMinParallelExtends;
+  try {
+    for (int64_t i = 0; i < n; ++i) {
+      Hot& h = hot_[slots[i]];
+      const int32_t* text = matrix + static_cast<int64_t>(rows[i]) * row_len;
+      const int64_t num_output = static_cast<int64_t>(num_tokens[i]) - num_prompt[i];
+      if (h.seen > num_output || h.prompt_len != num_prompt[i]) {
+        // Preempted and recomputed from a shorter state (or a new prompt): start over from the prompt. What is
+        // deferred (earlier steps, rows before this one) is ingested first, so the automata see the synchronous order.
+        if (!extend_queue_.empty()) run_queued_extends();
+        sync_locked();
+        Request& r = reqs_[slots[i]];
+        const uint64_t problem = r.problem;
+        stop_locked(r);
+        start_locked(slots[i], text, num_prompt[i], problem);
+      } else if (h.pend_n > 0 && num_sampled[i] > 0) {
+        int64_t verified = h.pend_n;
+        if (num_verified[i] >= 0) verified = std::min<int64_t>(verified, num_verified[i]);
+        record_locked(reqs_[slots[i]], std::min<int64_t>(verified, num_sampled[i] - 1), verified);
+      }
+      const int64_t known = h.seen;
+      const int64_t fresh = num_output - known;
+      if (fresh > 0) {
+        const int32_t* from = text + num_prompt[i] + known;
+        h.seen = num_output;
+        if (defer || (late_idle && budgets[i] <= 0)) {
+          defer_row(slots[i], from, fresh, Deferred::kAll);
+          deferred = true;
+        } else if (late) {
+          // A drafting row: its own text now (its own automaton, context, history matches), the shared automata on
+          // the thread; until then its match there is advanced over these tokens (group_state).
+          if (i + 2 < n) prefetch_row(reqs_[slots[i + 2]], nullptr, nullptr);
+          Request& r = reqs_[slots[i]];
+          extend_own_locked(r, from, fresh);
+          if (r.seq >= 0) {
+            pool_.extend(r.seq, from, fresh, late_groups_);
+            defer_row(slots[i], nullptr, 0, Deferred::kShared);
+            deferred = true;
+          }
+        } else if (parallel_extend) {
+          queue_extend(slots[i], from, fresh);
+        } else {
+          if (i + 2 < n) prefetch_row(reqs_[slots[i + 2]], nullptr, nullptr);
+          extend_locked(reqs_[slots[i]], from, fresh);
+        }
+      }
+      if (defer) {  // no row drafts: what propose_rows writes for a row without a budget
+        h.pend_n = -1;
+        no_draft(i, K, tokens, accept, lengths, source, match_len, fill_idle);
+      }
+    }
+  } catch (...) {  // the queued rows' tokens are in their live sequences already: their groups too
+    if (!extend_queue_.empty()) run_queued_extends();
+    throw;
+  }
+  if (!extend_queue_.empty()) run_queued_extends();
   if (!defer) propose_rows(slots, budgets, n, tokens, accept, lengths, source, match_len, fill_idle);
   if (!deferred) return;
   ++ingest_.deferred_steps;

@@ -242,6 +242,10 @@ class Drafter {
   void extend_locked(Request& r, const int32_t* tokens, int64_t n);
   void extend_own_locked(Request& r, const int32_t* tokens, int64_t n);
   void extend_shared_locked(Request& r, const int32_t* tokens, int64_t n);
+  // A drafting step's rows queued by queue_extend: their automata appended on the drafting threads (extend_locked's
+  // result: own automata one task per row, each shared automaton one task in row order), then cleared.
+  void queue_extend(int32_t slot, const int32_t* tokens, int64_t n);
+  void run_queued_extends();
   // Queues n new tokens of the request in slot for the ingest thread (what: Deferred::kAll or kShared).
   void defer_row(int32_t slot, const int32_t* tokens, int64_t n, uint8_t what);
   void stop_locked(Request& r);
@@ -276,6 +280,12 @@ class Drafter {
   std::vector<Counters> worker_ctr_;
   std::vector<uint64_t> keys_buf_;
   std::vector<int32_t> draft_rows_;  // rows of the current call that draft
+  struct QueuedExtend {
+    int32_t slot;
+    const int32_t* tokens;  // the caller's token matrix (valid for the step)
+    int64_t n;
+  };
+  std::vector<QueuedExtend> extend_queue_;  // this step's drafting rows, appended in parallel before they draft
   unsigned late_groups_ = 0;         // LivePool::extend's `late` for drafting rows (defer_shared_ingest)
   // Deferred ingest (guarded by mu_): one step's rows and tokens, the thread, its wake-up and accounting.
   std::vector<Deferred> defer_rows_;

@@ -87,6 +87,40 @@ void LivePool::append_held(Seq& s, int which, Group& g) {
   s.fresh_held[which] = s.fresh.size();
 }
 
+void LivePool::add_catch_up(int32_t id) {
+  catch_up_seqs_.push_back(id);
+  for (int which = 0; which < 2; ++which) {
+    Group* g = group_on(which) ? group_of(id, which) : nullptr;  // the serial extend's rebuild point
+    if (!g) continue;
+    int64_t t = 0;
+    while (t < catch_up_n_ && catch_up_[t].group != g) ++t;  // a step's groups: a few dozen at most
+    if (t == catch_up_n_) {
+      if (static_cast<int64_t>(catch_up_.size()) == t) catch_up_.emplace_back();
+      catch_up_[t].group = g;
+      catch_up_[t].which = which;
+      catch_up_[t].ids.clear();
+      ++catch_up_n_;
+      if (which == 1 && t > 0) std::swap(catch_up_[0], catch_up_[t]);  // the batch group first
+    }
+    catch_up_[which == 1 ? 0 : t].ids.push_back(id);
+  }
+}
+
+void LivePool::catch_up_task(int64_t t) {
+  CatchUp& c = catch_up_[t];
+  for (int32_t id : c.ids) append_held(*seqs_[id], c.which, *c.group);
+}
+
+void LivePool::end_catch_up() {
+  for (int32_t id : catch_up_seqs_) {  // as add_tokens leaves a sequence that no group held back
+    Seq& s = *seqs_[id];
+    s.fresh.clear();
+    s.fresh_held[0] = s.fresh_held[1] = 0;
+  }
+  catch_up_seqs_.clear();
+  catch_up_n_ = 0;
+}
+
 bool LivePool::counts_own_gram(int32_t id, int which, uint64_t key) const {
   const Seq& s = *seqs_[id];
   if (!s.grams.find(key)) return false;

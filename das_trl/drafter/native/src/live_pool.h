@@ -86,6 +86,17 @@ class LivePool {
   }
   // Whether the group `which` counts gram `key` among the sequence's own (in its gram_counts).
   bool counts_own_gram(int32_t seq, int which, uint64_t key) const;
+  // Many sequences' new tokens appended to their groups on several threads (Drafter::step with drafting threads),
+  // the automata ending exactly as serial extend(seq, tokens, n) calls in the same order leave them: for each sequence
+  // in that order, extend(seq, tokens, n, kLateAll) then add_catch_up(seq) (which rebuilds a group that lost a member
+  // where the serial call would); then catch_up_task(t) for every t < catch_up_tasks(), each task once, any thread
+  // (a task appends one group's members in order: tasks touch disjoint automata and per-group fields), the batch
+  // group's first (the largest); then end_catch_up().
+  static constexpr unsigned kLateAll = 3;
+  void add_catch_up(int32_t seq);
+  int64_t catch_up_tasks() const { return catch_up_n_; }
+  void catch_up_task(int64_t t);
+  void end_catch_up();
   // The request stopped: its sequence lingers (or is dropped at once when its output is empty).
   void stop(int32_t seq, int64_t output_len);
   // Drops the finished sequences of these problems (their rollouts just entered the history).
@@ -145,7 +156,16 @@ class LivePool {
   void enforce_bounds();
   uint64_t key_of(int32_t seq, int which) const { return which == 0 ? seqs_[seq]->problem : kBatchGroup; }
 
+  struct CatchUp {  // one group's appends in a parallel catch-up: its members' ids, in the callers' order
+    Group* group = nullptr;
+    int which = 0;
+    std::vector<int32_t> ids;
+  };
+
   LiveConfig cfg_;
+  std::vector<CatchUp> catch_up_;  // [0, catch_up_n_) in use (the vectors are kept between steps)
+  int64_t catch_up_n_ = 0;
+  std::vector<int32_t> catch_up_seqs_;
   std::vector<std::unique_ptr<Seq>> seqs_;
   std::vector<int32_t> free_;
   std::unordered_map<uint64_t, std::unique_ptr<Group>> groups_;
