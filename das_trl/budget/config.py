@@ -56,11 +56,10 @@ class ControllerConfig:
             rounding (a near-tie in the draft-length argmin may go the other way).
         draft_row_us: the proposer's CPU time (microseconds) to draft one row for one step, charged in the decision
             before drafting (:meth:`BudgetController.plan`): vLLM runs the proposer on the engine's critical path, so
-            a row is drafted only where its expected saving also pays for this. The default is what a drafted row
-            costs the proposer on a 2-core machine in the replays (all of its CPU over its drafted rows: 30-50 us on
-            the large-batch sets, of which the draft search and the row's own ingest ~20; docs/benchmarks.md, issue
-            16); a faster host or more ``draft_threads`` lower it. 0: drafting is free (the controller before
-            issue 16).
+            a row is drafted only where its expected saving also pays for this. The default (20) is what the draft
+            search and the row's own ingest cost the proposer on a 2-core machine in the replays (all of its CPU over
+            its drafted rows was 30-50 us on the large-batch sets; docs/benchmarks.md, issue 16); a faster host or
+            more ``draft_threads`` lower it. 0: drafting is free (the controller before issue 16).
         draft_row_source: where the gate's price per drafted row comes from: ``"config"`` (``draft_row_us``: the
             same drafts on every run of the same rollouts) or ``"measured"`` (opt-in: the proposer's own CPU per
             drafted row on this host, fitted from its step times while it runs,

@@ -141,7 +141,7 @@ class DASGRPOConfig(GRPOConfig):
                           "distributed_executor_backend, which colocate mode owns. das-trl's defaults: max_model_len "
                           "= vllm_max_model_length + das_num_speculative_tokens (vLLM skips the drafter for the whole "
                           "batch when any request is within K tokens of it) and max_num_batched_tokens = max_num_seqs "
-                          "x (K + 1) within 8192..16384 on GPUs (TRL's 4096 on CPU builds; docs/gpu.md). On CPU "
+                          "x (K + 1) within 8192..16384 on GPUs (at least 4096 on CPU builds; docs/gpu.md). On CPU "
                           "builds an explicit kv_cache_memory_bytes is the reliable way to size the KV cache. When "
                           "unset, the DAS_TRL_VLLM_KWARGS environment variable (JSON) is used if present."},
     )

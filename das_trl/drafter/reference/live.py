@@ -23,9 +23,10 @@ implementation must mirror it):
 * Running requests are never evicted; their tokens are reported (``live_running_tokens``)
   but not bounded here (the engine's own KV cache bounds them).
 * ``stop``: a request with no output is dropped at once. Otherwise it becomes a *finished
-  output* holding ``T`` tokens, appended to a queue in stop order; then, **while the
-  finished outputs hold more than ``live_token_budget`` tokens, the oldest finished output
-  is dropped** (from every live tree that holds it; the one just stopped included).
+  output* holding ``T`` tokens, appended to a queue in stop order; then, **when the
+  finished outputs hold more than ``live_token_budget`` tokens, the oldest finished outputs
+  are dropped until they hold at most half of it** (from every live tree that holds them; the
+  one just stopped included).
 * ``release_finished(problem)`` (an ``add_rollouts`` of that problem) drops that problem's
   finished outputs whatever their age; they leave the queue and its token count.
 
