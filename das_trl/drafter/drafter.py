@@ -267,8 +267,8 @@ class NativeDASDrafter:
         """Drafts of many requests in one native call (see :meth:`DASDrafter.propose_batch`; ``contexts`` ignored).
 
         Raises:
-            KeyError: an unknown request (no row was drafted). ValueError: length mismatch, or budgets that are not
-            ints (strings, 2.7).
+            KeyError: an unknown request (no row was drafted). ValueError: length mismatch, budgets that are not
+            ints (strings, 2.7), or a request listed twice (no row was drafted).
         """
         n = len(request_ids)
         budgets = count_array(max_tokens, "max_tokens", low=-TOKEN_LIMIT)
@@ -345,8 +345,8 @@ class NativeDASDrafter:
             ``out`` (or the new batch).
 
         Raises:
-            KeyError: a slot that is not active. ValueError: lengths or shapes out of range, or a bad ``out``
-            (nothing changed).
+            KeyError: a slot that is not active. ValueError: lengths or shapes out of range, a slot listed twice,
+            or a bad ``out`` (nothing changed).
         """
         if _prechecked:  # the Speculator's own buffer: it only ever holds step outputs (each row zero past its
             # length), so rows without a draft need zeroing only over their previous draft (fill mode 2); it is the

@@ -39,3 +39,32 @@ def test_threads_append_as_one_thread(case):
         assert s1[key] == s3[key], key
     if "live_token_budget" in case:
         assert s1["live_evicted_outputs"] > 0
+
+
+@pytest.mark.parametrize("backend,threads", [("native", 1), ("native", 3), ("python", 1)])
+def test_a_request_listed_twice_is_refused_and_changes_nothing(backend, threads):
+    # Listed twice in one call, a request would be appended and drafted twice; with drafting threads by two tasks at
+    # once (found by a randomized 1-vs-n-threads comparison). Both calls refuse it before any state changes.
+    from das_trl.drafter import create_drafter
+
+    def make():
+        d = create_drafter(DrafterConfig(backend=backend, draft_threads=threads))
+        for i in range(6):
+            d.start_request(f"r{i}", [1, 2, 3, 4, 1, 2, 3])
+        return d
+
+    bad, good = make(), make()
+    ids = [f"r{i}" for i in range(6)]
+    m = np.tile(np.array([1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 0, 0], np.int32), (7, 1))
+    twice = ids + ["r2"]
+    with pytest.raises(ValueError, match="twice"):
+        bad.step(twice, m, list(range(7)), [10] * 7, [7] * 7, [3] * 7, [-1] * 7, [4] * 7)
+    with pytest.raises(ValueError, match="twice"):
+        bad.propose_batch(twice, [4] * 7)
+    for d in (bad, good):  # the same step, listed once: both drafters agree, nothing of the refused calls remains
+        out = d.step(ids, m, list(range(6)), [10] * 6, [7] * 6, [3] * 6, [-1] * 6, [4] * 6)
+        d.last = [out.row(i) for i in range(6)]
+    assert bad.last == good.last and any(bad.last)
+    assert bad.stats()["live_running_tokens"] == good.stats()["live_running_tokens"]
+    if backend == "native":
+        assert bad.check() == "" and good.check() == ""

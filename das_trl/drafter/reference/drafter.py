@@ -308,10 +308,12 @@ class DASDrafter:
             per-position acceptance estimates of every draft.
 
         Raises:
-            KeyError: an unknown request (drafts of earlier rows were made). ValueError: length mismatch, or budgets
-            that are not ints (strings, 2.7).
+            KeyError: an unknown request (drafts of earlier rows were made). ValueError: length mismatch, budgets
+            that are not ints (strings, 2.7), or a request listed twice (nothing drafted).
         """
         n = len(request_ids)
+        if len(set(request_ids)) != n:
+            raise ValueError("propose_batch: a request is listed twice in request_ids")
         budgets = count_array(max_tokens, "max_tokens", low=-TOKEN_LIMIT)
         if len(budgets) != n or (contexts is not None and len(contexts) != n):
             raise ValueError(f"propose_batch: {n} request_ids but {len(budgets)} max_tokens"
@@ -346,9 +348,12 @@ class DASDrafter:
                 ``int [n]``.
 
         Raises:
-            KeyError: an unknown request. ValueError: shapes or lengths out of range (nothing changed).
+            KeyError: an unknown request. ValueError: shapes or lengths out of range, or a request listed twice
+            (nothing changed).
         """
         n = len(request_ids)
+        if len(set(request_ids)) != n:
+            raise ValueError("step: a request is listed twice in request_ids")
         cols = [np.asarray(a, dtype=np.int64).reshape(-1) for a in
                 (rows, num_tokens, num_prompt, num_sampled, num_verified, max_tokens)]
         if any(len(a) != n for a in cols) or np.ndim(token_matrix) != 2:

@@ -660,9 +660,31 @@ void Drafter::propose_row(Request& r, int budget, const Snapshot* psnap, const S
   ++ctr.wins[c.source];
 }
 
+void Drafter::begin_listing() {
+  if (++list_epoch_ == 0) {  // wrapped: no slot may look listed in this call
+    for (Hot& h : hot_) h.listed = 0;
+    list_epoch_ = 1;
+  }
+}
+
+Drafter::Hot& Drafter::list_once(int32_t slot, int64_t row, const char* call) {
+  // A slot listed twice would be appended or drafted twice, on the drafting threads by two tasks at once.
+  Hot& h = hot_[slot];
+  if (h.listed == list_epoch_)
+    throw InputError(std::string(call) + ": request slot " + std::to_string(slot) + " is listed twice (row " +
+                     std::to_string(row) + " and an earlier row)");
+  h.listed = list_epoch_;
+  return h;
+}
+
 void Drafter::propose(const int32_t* slots, const int32_t* budgets, int64_t n, int32_t* tokens, double* accept,
                       int32_t* lengths, int8_t* source, int32_t* match_len, int fill_idle) {
   Lock lk = lock_synced();
+  begin_listing();
+  for (int64_t i = 0; i < n; ++i) {
+    req(slots[i]);
+    list_once(slots[i], i, "propose");
+  }
   propose_rows(slots, budgets, n, tokens, accept, lengths, source, match_len, fill_idle);
 }
 
@@ -752,6 +774,7 @@ void Drafter::step(const int32_t* matrix, int64_t rows_in_matrix, int64_t row_le
   Lock lk(mu_);
   if (busy) ++ingest_.waits;
   bool drafting = false;
+  begin_listing();
   constexpr int64_t kAhead = 8;  // rows are scattered (a slot's record, a matrix row per request): fetch ahead
   for (int64_t i = 0; i < n; ++i) {  // validate every row before changing any state
     if (i + kAhead < n) {
@@ -768,9 +791,9 @@ void Drafter::step(const int32_t* matrix, int64_t rows_in_matrix, int64_t row_le
                        std::to_string(num_tokens[i]) + " (matrix " + std::to_string(rows_in_matrix) + " x " +
                        std::to_string(row_len) + ")");
     drafting |= budgets[i] > 0;
+    const Hot& h = list_once(slots[i], i, "step");
     // Token ids this row will append (all of it when it restarts): a negative id would corrupt the automata, where
     // -1 means "no transition" (extend_request checks the same in Python).
-    const Hot& h = hot_[slots[i]];
     const int64_t out_len = static_cast<int64_t>(num_tokens[i]) - num_prompt[i];
     const int64_t from = (h.seen > out_len || h.prompt_len != num_prompt[i]) ? 0 : num_prompt[i] + h.seen;
     const int32_t* text = matrix + static_cast<int64_t>(rows[i]) * row_len;

@@ -192,6 +192,7 @@ class Drafter {
     int64_t seen = 0;        // output tokens received: ingested (Request::output_len) + waiting in defer_tokens_
     int64_t prompt_len = 0;
     int32_t pend_n = -1;     // unverified draft: length (-1: none); its source, match length, priors in Request
+    uint32_t listed = 0;     // the last step / propose call that listed this slot (list_once)
     bool active = false;
   };
   struct Request {
@@ -245,6 +246,10 @@ class Drafter {
   // A drafting step's rows queued by queue_extend: their automata appended on the drafting threads (extend_locked's
   // result: own automata one task per row, each shared automaton one task in row order), then cleared.
   void queue_extend(int32_t slot, const int32_t* tokens, int64_t n);
+  // A call's slots each listed once (step, propose): begin_listing() per call, then list_once per row (InputError
+  // naming `call` for a slot listed twice; the slot must be valid).
+  void begin_listing();
+  Hot& list_once(int32_t slot, int64_t row, const char* call);
   void run_queued_extends();
   // Queues n new tokens of the request in slot for the ingest thread (what: Deferred::kAll or kShared).
   void defer_row(int32_t slot, const int32_t* tokens, int64_t n, uint8_t what);
@@ -270,6 +275,7 @@ class Drafter {
   mutable std::mutex mu_;
   std::vector<Request> reqs_;
   std::vector<Hot> hot_;  // by slot, as reqs_
+  uint32_t list_epoch_ = 0;  // step / propose calls so far (Hot::listed)
   LivePool pool_;
   HistoryIndex history_;
   Calibrator cal_;
