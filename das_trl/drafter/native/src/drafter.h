@@ -246,11 +246,11 @@ class Drafter {
   // A drafting step's rows queued by queue_extend: their automata appended on the drafting threads (extend_locked's
   // result: own automata one task per row, each shared automaton one task in row order), then cleared.
   void queue_extend(int32_t slot, const int32_t* tokens, int64_t n);
+  void run_queued_extends();
   // A call's slots each listed once (step, propose): begin_listing() per call, then list_once per row (InputError
   // naming `call` for a slot listed twice; the slot must be valid).
   void begin_listing();
   Hot& list_once(int32_t slot, int64_t row, const char* call);
-  void run_queued_extends();
   // Queues n new tokens of the request in slot for the ingest thread (what: Deferred::kAll or kShared).
   void defer_row(int32_t slot, const int32_t* tokens, int64_t n, uint8_t what);
   void stop_locked(Request& r);
