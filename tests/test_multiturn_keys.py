@@ -96,7 +96,8 @@ def test_conversation_keys_longest_prefix_and_bound():
     assert keys.resolve(a) == 10
     assert keys.resolve(np.array([1, 2])) is None and keys.resolve(np.array([], np.int64)) is None
     keys.register(np.array([7, 7]), 30)  # third prompt: the least recently used one (the 5-token prompt) goes
-    assert len(keys) == 2 and keys.stats() == {"conversation_prompts": 2, "conversation_prompts_evicted": 1}
+    assert len(keys) == 2 and keys.stats()["conversation_prompts"] == 2
+    assert keys.stats()["conversation_prompts_evicted"] == 1
     assert keys.resolve(np.array([1, 2, 3, 4, 5, 6])) == 10
     keys.register(a, 11)  # re-registering replaces the key
     assert keys.resolve(a) == 11 and len(keys) == 2
@@ -105,6 +106,45 @@ def test_conversation_keys_longest_prefix_and_bound():
     assert keys.resolve(np.concatenate([long, [5]])) == 40
     with pytest.raises(ValueError, match="max_prompts"):
         ConversationKeys(max_prompts=0)
+
+
+def test_conversation_keys_memo_resolves_as_the_full_resolution():
+    """The sibling memo returns exactly what a memo-less resolver does, under registrations of longer prefixes,
+    re-keyed prompts, evictions (LRU order included) and a full memo; and it is used."""
+    rng = np.random.default_rng(0)
+    stems = [rng.integers(0, 50, int(rng.integers(1, 6))) for _ in range(12)]
+
+    def prompt():
+        base = stems[int(rng.integers(len(stems)))]
+        tail = rng.integers(0, 3, int(rng.integers(0, 3)))
+        return np.concatenate([base, tail]).astype(np.int32 if rng.random() < 0.5 else np.int64)
+
+    memo, plain = ConversationKeys(max_prompts=6, max_memo=5), ConversationKeys(max_prompts=6, max_memo=0)
+    hashed = [0]
+    full = memo._prefix_hashes
+    memo._prefix_hashes = lambda p: (hashed.__setitem__(0, hashed[0] + 1), full(p))[1]
+    hits = 0
+    for i in range(4000):
+        p = prompt()
+        if rng.random() < 0.15:
+            key = int(rng.integers(0, 4))
+            memo.register(p, key)
+            plain.register(p, key)
+        else:
+            before = hashed[0]
+            assert memo.resolve(p) == plain.resolve(p), i
+            hits += hashed[0] == before and len(memo) > 0  # resolved without the prefix hashes
+        assert list(memo._entries.items()) == list(plain._entries.items())
+        assert memo.stats()["conversation_memo"] <= 5
+    assert hits > 20 and plain.stats()["conversation_memo"] == 0
+    hashed[0] = 0
+    group = np.array([3, 1, 4, 1, 5], np.int32)
+    memo.register(group, 77)
+    assert [memo.resolve(group.copy()) for _ in range(8)] == [77] * 8 and hashed[0] == 1  # the register only
+    stats = memo.stats()
+    assert stats["conversation_memo_bytes"] >= stats["conversation_memo"]
+    with pytest.raises(ValueError, match="max_memo"):
+        ConversationKeys(max_memo=-1)
 
 
 def test_problem_id_column_values():

@@ -131,3 +131,50 @@ def test_the_glue_benchmark_times_the_real_propose():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert 0.0 < module.glue_us(8, 20) < 1e5
+
+
+def test_propose_hands_the_speculator_each_rows_sampled_count():
+    """After a step that sent no draft every decoding row got one token, and propose skips reading the list
+    lengths; after a step that sent drafts, or with a row still in prefill, it reads them. Either way the
+    Speculator gets each row's true count (a wrong shortcut fails here)."""
+    from types import SimpleNamespace
+
+    from das_trl.bench.micro.drafter_speed import FakeBatch, _vllm_config
+    from das_trl.drafter.draft_batch import DraftBatch
+    from das_trl.vllm.proposer import DASProposer
+
+    class Recording:
+        def __init__(self, n):
+            self.drafted, self.seen, self.n = False, [], n
+
+        def tracked(self):
+            return [f"r{i}" for i in range(self.n)]
+
+        def __contains__(self, req_id):
+            return True
+
+        def __len__(self):
+            return self.n
+
+        def finish(self, req_id):
+            pass
+
+        def step(self, ids, matrix, rows, num_tokens, num_prompt, num_sampled, *rest):
+            self.seen.append((list(ids), np.array(num_sampled).tolist()))
+            return DraftBatch.empty(len(ids), 4)
+
+    n = 4
+    fb = FakeBatch(n, 32)
+    for r in range(n):
+        fb.req_ids.append(f"r{r}")
+        fb.req_id_to_index[f"r{r}"] = r
+    prop = DASProposer(_vllm_config(4, 64))
+    prop.attach(SimpleNamespace(input_batch=fb, requests={}))
+    prop.speculator = spec = Recording(n)
+    prop.propose([[1]] * n, fb.num_tokens_no_spec, fb.token_ids_cpu)  # nothing in flight: the shortcut
+    spec.drafted = True  # drafts went out: rows may have gained several tokens
+    prop.propose([[1, 2, 3], [1], [4, 5], [6]], fb.num_tokens_no_spec, fb.token_ids_cpu)
+    spec.drafted = False
+    prop.propose([[1], [], [2], [3]], fb.num_tokens_no_spec, fb.token_ids_cpu)  # row 1 in prefill: not passed
+    assert spec.seen == [(["r0", "r1", "r2", "r3"], [1, 1, 1, 1]), (["r0", "r1", "r2", "r3"], [3, 1, 2, 1]),
+                         (["r0", "r2", "r3"], [1, 1, 1])]

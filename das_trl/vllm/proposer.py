@@ -98,6 +98,7 @@ class DASProposer:
         self._runner: Any = None
         self._last_req_ids: list[str] = []  # the batch's request ids at the last step (finish detection)
         self._all_rows = np.zeros(0, np.int32)  # arange(n) for steps in which every row decodes
+        self._ones_buf = np.zeros(0, np.int32)  # _ones' buffer
         # A history push builds its automata in the background; the first step after it waits for them, so which
         # history a draft sees never depends on timing (same seed, same drafts, same sampled rollouts).
         self._history_pending = False
@@ -278,8 +279,14 @@ class DASProposer:
                 spec.finish(req_id)
             self._last_req_ids = req_ids
         # int32 throughout, as vLLM holds them: the drafter takes int32 arrays without converting them.
-        num_sampled = np.fromiter(map(len, sampled_token_ids), dtype=np.int32, count=n)
-        full = len(req_ids) == n and bool(num_sampled.all())
+        if not spec.drafted and all(sampled_token_ids):
+            # No draft in flight (the last step sent none): every row got exactly its one sampled token, so the
+            # per-row lengths are known without reading them (8 us at 256 rows, most of a quiet step's glue).
+            num_sampled, every_row = self._ones(n), True
+        else:
+            num_sampled = np.fromiter(map(len, sampled_token_ids), dtype=np.int32, count=n)
+            every_row = bool(num_sampled.all())
+        full = len(req_ids) == n and every_row
         if full:  # every row decodes (the usual step): vLLM's arrays are read as slices, without a copy
             if len(self._all_rows) != n:
                 self._all_rows = np.arange(n, dtype=np.int32)
@@ -312,6 +319,13 @@ class DASProposer:
         self._step_end = self._clock()
         self._counters["speculation_seconds"] += self._step_end - started
         return drafts
+
+    def _ones(self, n: int) -> np.ndarray:
+        """``int32 [n]`` of ones: a read-only view of a buffer kept across steps (grows by doubling)."""
+        if len(self._ones_buf) < n:
+            self._ones_buf = np.ones(max(n, 2 * len(self._ones_buf), 64), np.int32)
+            self._ones_buf.flags.writeable = False
+        return self._ones_buf[:n]
 
     def _start(self, req_id: str, prompt: np.ndarray) -> None:
         """Start tracking a request with its problem key and, when vLLM knows it, its ``max_tokens`` (the
@@ -346,11 +360,7 @@ class DASProposer:
         if explicit is not None:
             return explicit
         with self._conversation_lock:
-            key = self.conversations.resolve(prompt)
-            if key is None:
-                key = problem_key(prompt)
-                self.conversations.register(prompt, key)
-        return key
+            return self.conversations.key_of(prompt)
 
     def _explicit_problem_key(self, req_id: str) -> int | None:
         """The problem id sent as ``SamplingParams.extra_args[PROBLEM_ID_KEY]``, if any (else the prompt is hashed)."""

@@ -3,8 +3,10 @@
 The replay feeds :class:`das_trl.vllm.speculator.Speculator` (drafter + :class:`~das_trl.budget.BudgetController`:
 plan, draft, cut), the object ``das_trl/vllm/proposer.py`` calls once per engine step, the way the proposer does:
 
-* ``start(req_id, prompt, problem_key, max_output)`` when a request is first seen (``max_output``: the longest
-  history rollout cut by ``length``, the replay's estimate of the engine's ``max_tokens``; ``None`` without one);
+* ``start(req_id, prompt, problem_key, max_output)`` when a request is first seen, its key resolved from its prompt
+  as the proposer resolves a request without ``das_problem_id`` (:meth:`ConversationKeys.key_of`, the history's
+  first prompts registered at each push) and timed with it (``max_output``: the longest history rollout cut by
+  ``length``, the replay's estimate of the engine's ``max_tokens``; ``None`` without one);
 * ONE ``step(req_ids, token_matrix, rows, num_tokens, num_prompt, num_sampled)`` per engine step for every request
   in the batch. The token matrix holds each request's prompt and whole recorded completion (vLLM's
   ``token_ids_cpu``); ``num_tokens`` says how much is generated. A request that emitted its last tokens is still in
@@ -24,9 +26,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import numpy as np
+
 from das_trl.bench.reliability import ReliabilityRecord
 from das_trl.budget import BudgetController, ControllerConfig
 from das_trl.drafter import DrafterConfig
+from das_trl.drafter.conversation import ConversationKeys
 from das_trl.vllm.speculator import Speculator
 
 from .das import DASReplayDrafter
@@ -53,6 +58,7 @@ class DASControllerDrafter(DASReplayDrafter):
         self.speculated_per_step: list[int] = []
         self.silent_per_step: list[int] = []
         self.reliability = ReliabilityRecord()  # the last batch's predicted vs realised acceptance
+        self.conversations = ConversationKeys()  # DASProposer.conversations: first prompts -> problem keys
 
     def prepare(self, train_epochs):
         super().prepare(train_epochs)
@@ -66,6 +72,8 @@ class DASControllerDrafter(DASReplayDrafter):
         super().end_step(records)
         lens: dict[int, list[int]] = defaultdict(list)
         for r in records:
+            if r.problem_key not in lens:  # the problem's first prompt, registered as add_history does
+                self.conversations.register(np.asarray(r.prompt_ids, dtype=np.int64), r.problem_key)
             lens[r.problem_key].append(len(r.completion_ids))
         for key, ls in lens.items():
             self.controller.observe(key, ls)
@@ -91,7 +99,7 @@ class DASControllerDrafter(DASReplayDrafter):
         # the prompt as DASProposer passes it: the request's int32 token row, prompt part (vLLM's token_ids_cpu)
         prompt = self._matrix[self._row[rid], : self._prompt_len[rid]]
         with self.watch:
-            self.speculator.start(rid, prompt, rec.problem_key, self.max_output)
+            self.speculator.start(rid, prompt, self.conversations.key_of(prompt), self.max_output)
 
     def stop(self, rid):
         self._finishing.append(rid)  # seen once more by the next step (vLLM), then finished
