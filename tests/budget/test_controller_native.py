@@ -280,3 +280,39 @@ def test_plan_rejects_bad_input_before_changing_anything(backend):
     std = ctl.plan(keys, np.array([1, 2, 3]), caps=np.full(3, 64, np.int32), acceptance=np.full(3, 0.9))
     assert (big.draft == std.draft).all() and (u64.draft == std.draft).all()
     assert (big.budget == std.budget).all() and (u64.budget == std.budget).all()
+
+
+def test_kernel_scratch_is_kept_per_thread_bounded_and_reported():
+    """The kernels keep their per-row arrays between calls (allocated per call, glibc gave them back to the system
+    and faulted them in again each time): they grow to the largest batch planned and no further, are reported by
+    ``controller_scratch_bytes``, and a thread's are freed when it exits. Results stay the reference's."""
+    import threading
+
+    def plan_on(ctl, n, seed):
+        rng = np.random.default_rng(seed)
+        keys = rng.integers(0, 6, n)
+        out_len = rng.integers(0, 900, n)
+        return ctl.plan(keys, out_len, out_len // 2, np.full(n, 1024), None, np.full(n, 0.6))
+
+    ref, nat = _pair(0)
+    for key in range(6):
+        ref.observe(key, [100 + 50 * key, 400, 800])
+        nat.observe(key, [100 + 50 * key, 400, 800])
+    before = native.load().controller_scratch_bytes()
+    for n, seed in [(300, 1), (40, 2), (300, 3), (120, 4)]:  # smaller batches after larger: stale scratch contents
+        a, b = plan_on(ref, n, seed), plan_on(nat, n, seed)
+        np.testing.assert_array_equal(a.draft, b.draft)
+        np.testing.assert_allclose(nat.last_tail_prob, ref.last_tail_prob, rtol=1e-9, atol=1e-12)
+    grown = native.load().controller_scratch_bytes()
+    samples = ControllerConfig().num_samples
+    assert grown >= before and grown - before <= 300 * (samples * 40 + 64 * 20) + 64 * 1024  # one thread's, bounded
+    for seed in range(5):
+        plan_on(nat, 300, seed)
+    assert native.load().controller_scratch_bytes() == grown  # the same batch size again: nothing new
+
+    seen = []
+    worker = threading.Thread(target=lambda: (plan_on(nat, 500, 9), seen.append(native.load().controller_scratch_bytes())))
+    worker.start()
+    worker.join()
+    assert seen[0] > grown  # the other thread's own arrays, counted while it lived
+    assert native.load().controller_scratch_bytes() == grown  # and given back when it exited

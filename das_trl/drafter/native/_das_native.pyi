@@ -21,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = ["MAX_SPEC_TOKENS", "Drafter", "RequestBook", "controller_budgets", "controller_cut", "controller_plan",
-           "controller_rows_seen"]
+           "controller_rows_seen", "controller_scratch_bytes"]
 
 _B = npt.NDArray[np.bool_]
 _I8 = npt.NDArray[np.int8]
@@ -366,6 +366,11 @@ def controller_rows_seen(slots: _I64, slot_epoch: _I64, epoch: int) -> bool:
     """Whether every row was seen by the plan of epoch ``epoch``: each of ``slots`` (``int64 [n]``) lies in
     ``[0, len(slot_epoch))`` with ``slot_epoch[slot] >= epoch`` (``slot_epoch``: ``int64 [m]``). The check of
     ``BudgetController.quiet_step`` in one pass; ``True`` for no rows."""
+
+def controller_scratch_bytes() -> int:
+    """Bytes of the controller kernels' scratch arrays, all threads together: each thread that called a kernel keeps
+    its own (``[n, s]`` samples and ``[n, bins]`` histograms, ~1.7 MB at 1,024 rows), sized by the largest batch it
+    planned, until it exits (allocated per call, they were given back to the system and faulted in again each call)."""
 
 def controller_plan(out_len: _F64, rounds: _F64, max_output: _F64, caps: _I32, q: _F64, replan: bool, table: _F64,
                     pooled: _F64, draws: _F64, slots: _I64, slot_p: _F64, slot_epoch: _I64, epoch: int,

@@ -459,6 +459,10 @@ NB_MODULE(_das_native, m) {
       "slots"_a, "slot_epoch"_a, "epoch"_a,
       "Whether every slot is in [0, len(slot_epoch)) with slot_epoch[slot] >= epoch (BudgetController.quiet_step).");
 
+  m.def("controller_scratch_bytes", &das::controller_scratch_bytes,
+        "Bytes of the controller kernels' scratch arrays, all threads together (kept per calling thread, sized by the "
+        "largest batch it planned).");
+
   m.def(
       "controller_plan",
       [](In1<double> out_len, In1<double> rounds, In1<double> max_output, In1<int32_t> caps, In1<double> q,

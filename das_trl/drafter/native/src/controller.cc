@@ -2,6 +2,7 @@
 #include "controller.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -12,6 +13,36 @@
 namespace das {
 
 namespace {
+
+std::atomic<int64_t> g_scratch_bytes{0};
+
+// The kernels' per-row arrays ([n, s] samples, [n, bins] histograms: ~0.4 MB at 256 rows, ~1.7 MB at 1,024), kept
+// per calling thread between calls. Allocated and freed per call they sat at the top of glibc's heap, which it gave
+// back to the system after each call and faulted in again at the next: page faults were ~45 % of a recomputation's
+// time at 256 rows. Bounded by the largest batch a thread planned; controller_scratch_bytes() reports them all.
+struct Scratch {
+  std::vector<double> rem, x, tau, tau_s, logmid, gen, cap;
+  std::vector<int32_t> b, midv;
+  int64_t bytes = 0;
+  ~Scratch() { g_scratch_bytes.fetch_sub(bytes, std::memory_order_relaxed); }
+  // v resized to at least n elements (contents unspecified: every caller writes what it reads).
+  template <class T>
+  T* take(std::vector<T>& v, int64_t n) {
+    if (static_cast<int64_t>(v.size()) < n) {
+      const int64_t before = static_cast<int64_t>(v.capacity() * sizeof(T));
+      v.resize(static_cast<size_t>(n));
+      const int64_t grown = static_cast<int64_t>(v.capacity() * sizeof(T)) - before;
+      bytes += grown;
+      g_scratch_bytes.fetch_add(grown, std::memory_order_relaxed);
+    }
+    return v.data();
+  }
+};
+
+Scratch& scratch() {
+  thread_local Scratch s;
+  return s;
+}
 
 // remaining_samples: per row, s remaining lengths conditional on exceeding the tokens generated so far.
 void sample_remaining(int64_t n, int64_t w, const double* table, int64_t m, const double* pooled,
@@ -129,7 +160,8 @@ double tail_from_samples(int64_t n, int64_t s, const double* rem, const double* 
     return rem[i * s + t] / (per_sample ? tau[i * s + t] : tau[i]);
   };
   double makespan = 0.0;
-  std::vector<double> x(static_cast<size_t>(n * s));
+  Scratch& sc = scratch();
+  double* x = sc.take(sc.x, n * s);
   double top_near = 0.0;
   for (int64_t t = 0; t < s; ++t) {
     double mx = -1.0;
@@ -151,9 +183,9 @@ double tail_from_samples(int64_t n, int64_t s, const double* rem, const double* 
     for (int64_t i = 0; i < n; ++i)
       for (int64_t t = 0; t < s; ++t)
         if (x[i * s + t] >= near) top = std::max(top, std::log1p(std::max(rounds_at(i, t), 0.0)));
-    std::vector<int32_t> b(static_cast<size_t>(n * s));
-    std::vector<double> logmid(static_cast<size_t>(n * bins));
-    std::vector<int32_t> midv(static_cast<size_t>(n * bins));  // mid * 2 s
+    int32_t* b = sc.take(sc.b, n * s);
+    double* logmid = sc.take(sc.logmid, n * bins);
+    int32_t* midv = sc.take(sc.midv, n * bins);  // mid * 2 s
     std::vector<double> total(bins, 0.0);
     std::vector<int32_t> zeros(bins, 0);
     const double scale = top > 0 ? bins / top : 0.0;
@@ -224,14 +256,15 @@ double controller_budgets(int64_t n, int64_t k, const double* accept, int64_t w,
                           int64_t s, const double* draws, int64_t draw_rows, const ControllerParams& prm,
                           int32_t* lengths, double* value, double* p, double* expected_kept, double* rem_mean) {
   if (n <= 0) return 0.0;
-  std::vector<double> rem(static_cast<size_t>(n * s));
-  sample_remaining(n, w, table, m, pooled, generated, cap, s, draws, draw_rows, prm, rem.data(), rem_mean);
-  const double makespan = tail_from_samples(n, s, rem.data(), tau_obs, false, prm.bins, p);
+  Scratch& sc = scratch();
+  double* rem = sc.take(sc.rem, n * s);
+  sample_remaining(n, w, table, m, pooled, generated, cap, s, draws, draw_rows, prm, rem, rem_mean);
+  const double makespan = tail_from_samples(n, s, rem, tau_obs, false, prm.bins, p);
   const double tw = prm.tail_prior_weight;
   for (int64_t i = 0; i < n; ++i) p[i] = (1.0 - tw) * p[i] + tw / static_cast<double>(n);
   std::vector<int32_t> hist(static_cast<size_t>(k + 2));
   for (int64_t i = 0; i < n; ++i)
-    cut_row(i, k, s, accept, rem.data(), prm.c_base_ms * p[i], prm, hist, lengths, value, expected_kept);
+    cut_row(i, k, s, accept, rem, prm.c_base_ms * p[i], prm, hist, lengths, value, expected_kept);
   return makespan;
 }
 
@@ -246,17 +279,18 @@ CutResult controller_cut(int64_t m_rows, int64_t k, const double* accept, int64_
     if (!(accept[j] >= 0.0 && accept[j] <= 1.0))
       throw InputError("BudgetController.cut: accept must lie in [0, 1], got " + std::to_string(accept[j]) +
                        " in row " + std::to_string(j / k) + "; pass DraftBatch.accept");
-  std::vector<double> gen(static_cast<size_t>(m_rows)), capv(static_cast<size_t>(m_rows), HUGE_VAL);
+  Scratch& sc = scratch();
+  double* gen = sc.take(sc.gen, m_rows);
+  double* capv = sc.take(sc.cap, m_rows);
   for (int64_t i = 0; i < m_rows; ++i) {
     gen[i] = generated[rows[i]];
-    if (cap) capv[i] = cap[rows[i]];
+    capv[i] = cap ? cap[rows[i]] : HUGE_VAL;
   }
-  std::vector<double> rem(static_cast<size_t>(m_rows * s));
-  sample_remaining(m_rows, w, table, m, pooled, gen.data(), capv.data(), s, draws, draw_rows, prm, rem.data(),
-                   nullptr);
+  double* rem = sc.take(sc.rem, m_rows * s);
+  sample_remaining(m_rows, w, table, m, pooled, gen, capv, s, draws, draw_rows, prm, rem, nullptr);
   std::vector<int32_t> hist(static_cast<size_t>(k + 2));
   for (int64_t i = 0; i < m_rows; ++i) {
-    cut_row(i, k, s, accept, rem.data(), weight[rows[i]], prm, hist, lengths, value, expected_kept);
+    cut_row(i, k, s, accept, rem, weight[rows[i]], prm, hist, lengths, value, expected_kept);
     res.kept_tokens += lengths[i];
     res.rows_drafting += lengths[i] > 0;
   }
@@ -275,17 +309,19 @@ PlanResult controller_plan(int64_t n, const double* out_len, const double* round
   if (n <= 0) return res;
   if (replan) {
     // tau_obs = max(1, (out_len + 4) / (rounds + 4)): each row's observed tokens per round (plan()).
-    std::vector<double> tau(static_cast<size_t>(n), 1.0), cap(static_cast<size_t>(n), HUGE_VAL);
+    Scratch& sc = scratch();
+    double* tau = sc.take(sc.tau, n);
+    double* cap = sc.take(sc.cap, n);
     for (int64_t i = 0; i < n; ++i) {
-      if (rounds) tau[i] = std::max((out_len[i] + kTauPseudoRounds) / (rounds[i] + kTauPseudoRounds), 1.0);
-      if (max_output) cap[i] = max_output[i] - out_len[i];
+      tau[i] = rounds ? std::max((out_len[i] + kTauPseudoRounds) / (rounds[i] + kTauPseudoRounds), 1.0) : 1.0;
+      cap[i] = max_output ? max_output[i] - out_len[i] : HUGE_VAL;
     }
-    std::vector<double> rem(static_cast<size_t>(n * s));
-    sample_remaining(n, w, table, m, pooled, out_len, cap.data(), s, draws, draw_rows, prm, rem.data(), rem_mean);
+    double* rem = sc.take(sc.rem, n * s);
+    sample_remaining(n, w, table, m, pooled, out_len, cap, s, draws, draw_rows, prm, rem, rem_mean);
     if (prm.tau_uncertainty > 0.0 && tau_z) {
       // Each sample's tokens per round is uncertain too (plan(): _tau_samples): log-normal around tau_obs with the
       // spread of a mean over the rounds seen and the rounds still to come.
-      std::vector<double> tau_s(static_cast<size_t>(n * s));
+      double* tau_s = sc.take(sc.tau_s, n * s);
       for (int64_t i = 0; i < n; ++i) {
         const double seen = rounds ? rounds[i] : out_len[i];
         const double ahead = std::max(rem_mean[i] / tau[i], 1.0);
@@ -294,9 +330,9 @@ PlanResult controller_plan(int64_t n, const double* out_len, const double* round
         for (int64_t t = 0; t < s; ++t)
           tau_s[i * s + t] = std::max(tau[i] * std::exp(sd / tau[i] * tau_z[t]), 1.0);
       }
-      res.makespan = tail_from_samples(n, s, rem.data(), tau_s.data(), true, prm.bins, p);
+      res.makespan = tail_from_samples(n, s, rem, tau_s, true, prm.bins, p);
     } else {
-      res.makespan = tail_from_samples(n, s, rem.data(), tau.data(), false, prm.bins, p);
+      res.makespan = tail_from_samples(n, s, rem, tau, false, prm.bins, p);
     }
     if (slots)
       for (int64_t i = 0; i < n; ++i) {
@@ -349,6 +385,8 @@ int32_t draft_cap(double weight, double q, int32_t cap, const ControllerParams& 
   if (!(reach < static_cast<double>(cap))) return cap;
   return std::min(cap, std::max(kMinDraftCap, static_cast<int32_t>(std::ceil(reach))));
 }
+
+int64_t controller_scratch_bytes() { return g_scratch_bytes.load(std::memory_order_relaxed); }
 
 bool controller_rows_seen(int64_t n, const int64_t* slots, int64_t m, const int64_t* slot_epoch, int64_t epoch) {
   for (int64_t i = 0; i < n; ++i) {

@@ -90,6 +90,10 @@ int32_t draft_cap(double weight, double q, int32_t cap, const ControllerParams& 
 // in an engine step, where their dispatch runs cold).
 bool controller_rows_seen(int64_t n, const int64_t* slots, int64_t m, const int64_t* slot_epoch, int64_t epoch);
 
+// Bytes of the kernels' scratch arrays, all threads together: each thread that called a kernel keeps its own, sized
+// by the largest batch it planned, until it exits.
+int64_t controller_scratch_bytes();
+
 // The fewest tokens draft_cap gives a drafted row.
 constexpr int32_t kMinDraftCap = 4;
 
