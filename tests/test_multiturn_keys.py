@@ -145,6 +145,13 @@ def test_conversation_keys_memo_resolves_as_the_full_resolution():
     assert stats["conversation_memo_bytes"] >= stats["conversation_memo"]
     with pytest.raises(ValueError, match="max_memo"):
         ConversationKeys(max_memo=-1)
+    with pytest.raises(ValueError, match="max_memo_bytes"):
+        ConversationKeys(max_memo_bytes=-1)
+    small = ConversationKeys(max_memo_bytes=40)  # 10 int32 tokens
+    small.register(np.arange(8, dtype=np.int32), 1)  # remembered (32 bytes)
+    assert small.resolve(np.arange(9, dtype=np.int32)) == 1 and small.stats()["conversation_memo_bytes"] <= 40
+    small.resolve(np.arange(20, dtype=np.int32))  # 80 bytes: resolved, not remembered
+    assert small.stats()["conversation_memo_bytes"] <= 40
 
 
 def test_problem_id_column_values():

@@ -17,7 +17,8 @@ make a request draft from another problem's trees (drafts are verified, outputs 
 ``max_prompts`` prompts are kept, least recently used first out (``stats()``).
 
 A GRPO generation starts each prompt ``num_generations`` times (vLLM fans ``n`` out into sibling requests), so
-``resolve`` remembers which registered prompt a prompt's exact bytes resolved to (at most ``max_memo`` prompts):
+``resolve`` remembers which registered prompt a prompt's exact bytes resolved to (at most ``max_memo`` prompts and
+``max_memo_bytes`` of their bytes):
 the siblings after the first skip the prefix hashes (~10 -> ~2 us per request start). The memo is dropped whenever a
 new prompt is registered (it could be a longer prefix), and a remembered prompt evicted since is resolved afresh, so
 a memo hit returns what the full resolution would.
@@ -46,24 +47,29 @@ class ConversationKeys:
         max_prompts: most prompts kept (int >= 1); the least recently registered or resolved one is dropped first.
         max_memo: most resolved prompts remembered by their bytes (int >= 0; 0: no memo); the memo is emptied when
             full.
+        max_memo_bytes: most bytes of remembered prompts (int >= 0; default 16 MiB): long multi-turn prompts fill it
+            before ``max_memo`` does; a prompt larger than it is not remembered.
 
     Memory: about 200 bytes per registered prompt (a dict entry and its key), whatever the prompt's length; the
     prefix-hash powers table is 8 bytes per token of the longest prompt seen; the memo holds at most ``max_memo``
-    prompts' bytes (4 bytes per token of an int32 prompt; ``stats()["conversation_memo_bytes"]``).
+    prompts and ``max_memo_bytes`` of their bytes (4 per token of an int32 prompt; ``stats()["conversation_memo_bytes"]``).
 
     Not thread-safe (the owner locks).
 
     Raises:
-        ValueError: ``max_prompts < 1`` or ``max_memo < 0``.
+        ValueError: ``max_prompts < 1``, ``max_memo < 0`` or ``max_memo_bytes < 0``.
     """
 
-    def __init__(self, max_prompts: int = 65_536, max_memo: int = 4096) -> None:
+    def __init__(self, max_prompts: int = 65_536, max_memo: int = 4096, max_memo_bytes: int = 16 << 20) -> None:
         if not isinstance(max_prompts, int) or isinstance(max_prompts, bool) or max_prompts < 1:
             raise ValueError(f"max_prompts must be an int >= 1, got {max_prompts!r}")
         if not isinstance(max_memo, int) or isinstance(max_memo, bool) or max_memo < 0:
             raise ValueError(f"max_memo must be an int >= 0, got {max_memo!r}")
+        if not isinstance(max_memo_bytes, int) or isinstance(max_memo_bytes, bool) or max_memo_bytes < 0:
+            raise ValueError(f"max_memo_bytes must be an int >= 0, got {max_memo_bytes!r}")
         self.max_prompts = max_prompts
         self.max_memo = max_memo
+        self.max_memo_bytes = max_memo_bytes
         self._memo: dict[tuple[str, bytes], tuple[int, int]] = {}  # prompt (dtype, bytes) -> the entry it resolved to
         self._memo_bytes = 0
         self._entries: OrderedDict[tuple[int, int], int] = OrderedDict()  # (length, prefix hash) -> key, LRU order
@@ -103,10 +109,7 @@ class ConversationKeys:
             if key is not None:
                 self._entries.move_to_end(entry)
                 if memo_key is not None:
-                    if len(self._memo) >= self.max_memo:
-                        self._clear_memo()
-                    self._memo[memo_key] = entry
-                    self._memo_bytes += len(memo_key[1])
+                    self._remember(memo_key, entry)
                 return key
         return None
 
@@ -131,9 +134,7 @@ class ConversationKeys:
             self._lengths[n] = self._lengths.get(n, 0) + 1
             self._clear_memo()  # a new prompt may be a longer prefix of a remembered one
             if self.max_memo:  # the prompt itself resolves to its own entry (no registered prefix is longer)
-                memo_key = (prompt.dtype.str, prompt.tobytes())
-                self._memo[memo_key] = entry
-                self._memo_bytes = len(memo_key[1])
+                self._remember((prompt.dtype.str, prompt.tobytes()), entry)
         self._entries[entry] = int(key)
         self._entries.move_to_end(entry)
         while len(self._entries) > self.max_prompts:
@@ -144,6 +145,15 @@ class ConversationKeys:
                 self._lengths[length] = left
             else:
                 del self._lengths[length]
+
+    def _remember(self, memo_key: tuple[str, bytes], entry: tuple[int, int]) -> None:
+        size = len(memo_key[1])
+        if size > self.max_memo_bytes:
+            return
+        if len(self._memo) >= self.max_memo or self._memo_bytes + size > self.max_memo_bytes:
+            self._clear_memo()
+        self._memo[memo_key] = entry
+        self._memo_bytes += size
 
     def _clear_memo(self) -> None:
         if self._memo:
