@@ -369,7 +369,7 @@ def controller_rows_seen(slots: _I64, slot_epoch: _I64, epoch: int) -> bool:
 
 def controller_scratch_bytes() -> int:
     """Bytes of the controller kernels' scratch arrays, all threads together: each thread that called a kernel keeps
-    its own (``[n, s]`` samples and ``[n, bins]`` histograms, ~1.7 MB at 1,024 rows), sized by the largest batch it
+    its own (``[n, s]`` samples and ``[n, bins]`` histograms, ~1.2 MB at 1,024 rows), sized by the largest batch it
     planned, until it exits (allocated per call, they were given back to the system and faulted in again each call)."""
 
 def controller_plan(out_len: _F64, rounds: _F64, max_output: _F64, caps: _I32, q: _F64, replan: bool, table: _F64,

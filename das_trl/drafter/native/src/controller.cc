@@ -16,12 +16,12 @@ namespace {
 
 std::atomic<int64_t> g_scratch_bytes{0};
 
-// The kernels' per-row arrays ([n, s] samples, [n, bins] histograms: ~0.4 MB at 256 rows, ~1.7 MB at 1,024), kept
+// The kernels' per-row arrays ([n, s] samples, [n, bins] histograms: ~0.3 MB at 256 rows, ~1.2 MB at 1,024), kept
 // per calling thread between calls. Allocated and freed per call they sat at the top of glibc's heap, which it gave
 // back to the system after each call and faulted in again at the next: page faults were ~45 % of a recomputation's
 // time at 256 rows. Bounded by the largest batch a thread planned; controller_scratch_bytes() reports them all.
 struct Scratch {
-  std::vector<double> rem, x, tau, tau_s, logmid, gen, cap;
+  std::vector<double> rem, x, tau, tau_s, gen, cap;
   std::vector<int32_t> b, midv;
   int64_t bytes = 0;
   ~Scratch() { g_scratch_bytes.fetch_sub(bytes, std::memory_order_relaxed); }
@@ -184,8 +184,7 @@ double tail_from_samples(int64_t n, int64_t s, const double* rem, const double* 
       for (int64_t t = 0; t < s; ++t)
         if (x[i * s + t] >= near) top = std::max(top, std::log1p(std::max(rounds_at(i, t), 0.0)));
     int32_t* b = sc.take(sc.b, n * s);
-    double* logmid = sc.take(sc.logmid, n * bins);
-    int32_t* midv = sc.take(sc.midv, n * bins);  // mid * 2 s
+    int32_t* midv = sc.take(sc.midv, n * bins);  // mid * 2 s; log(mid) is logtab[midv]
     std::vector<double> total(bins, 0.0);
     std::vector<int32_t> zeros(bins, 0);
     const double scale = top > 0 ? bins / top : 0.0;
@@ -214,15 +213,13 @@ double tail_from_samples(int64_t n, int64_t s, const double* rem, const double* 
       for (int g = 0; g < bins; ++g) {
         const int64_t v = 2 * below + cnt[g];
         below += cnt[g];
-        const double lm = logtab[v];  // log 1 = 0 where mid is 0 (counted in zeros)
-        logmid[i * bins + g] = lm;
         midv[i * bins + g] = static_cast<int32_t>(v);
-        total[g] += lm;
+        total[g] += logtab[v];  // log 1 = 0 where mid is 0 (counted in zeros)
         zeros[g] += v == 0;
       }
     }
     // P_i = mean over row i's samples of prod_{j != i} mid_j(bin): one exp per distinct bin of the row.
-    // exp(total[g] - logmid) = prod_all(g) / mid_i(g): one exp per bin, unless the product is too small for a double
+    // exp(total[g] - log mid_i(g)) = prod_all(g) / mid_i(g): one exp per bin, unless the product is too small for a double
     // (then one exp per row and bin, as before).
     std::vector<double> prod(bins);
     std::vector<char> exact(bins);
@@ -239,7 +236,7 @@ double tail_from_samples(int64_t n, int64_t s, const double* rem, const double* 
       for (int g = 0; g < bins; ++g) {
         if (!count[g] || zeros[g] != 0) continue;
         acc += count[g] * (exact[g] ? prod[g] * (2.0 * static_cast<double>(s)) / midv[i * bins + g]
-                                    : std::exp(total[g] - logmid[i * bins + g]));
+                                    : std::exp(total[g] - logtab[midv[i * bins + g]]));
       }
       p[i] = acc / static_cast<double>(s);
       tot += p[i];
