@@ -18,10 +18,9 @@ make a request draft from another problem's trees (drafts are verified, outputs 
 
 A GRPO generation starts each prompt ``num_generations`` times (vLLM fans ``n`` out into sibling requests), so
 ``resolve`` remembers which registered prompt a prompt's exact bytes resolved to (at most ``max_memo`` prompts and
-``max_memo_bytes`` of their bytes):
-the siblings after the first skip the prefix hashes (~10 -> ~2 us per request start). The memo is dropped whenever a
-new prompt is registered (it could be a longer prefix), and a remembered prompt evicted since is resolved afresh, so
-a memo hit returns what the full resolution would.
+``max_memo_bytes`` of their bytes): the siblings after the first skip the prefix hashes (~10 -> ~2 us per request
+start). The memo is dropped whenever a new prompt is registered (it could be a longer prefix), and a remembered
+prompt evicted since is resolved afresh, so a memo hit returns what the full resolution would.
 
 Limits (docs/troubleshooting.md): a dataset whose prompts are prefixes of other dataset prompts (e.g. conversation
 prefixes as separate rows) maps the longer prompt's requests to the shorter problem until the longer one's rollouts
@@ -52,7 +51,8 @@ class ConversationKeys:
 
     Memory: about 200 bytes per registered prompt (a dict entry and its key), whatever the prompt's length; the
     prefix-hash powers table is 8 bytes per token of the longest prompt seen; the memo holds at most ``max_memo``
-    prompts and ``max_memo_bytes`` of their bytes (4 per token of an int32 prompt; ``stats()["conversation_memo_bytes"]``).
+    prompts and ``max_memo_bytes`` of their bytes (4 per token of an int32 prompt;
+    ``stats()["conversation_memo_bytes"]``).
 
     Not thread-safe (the owner locks).
 

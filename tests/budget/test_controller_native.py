@@ -311,7 +311,8 @@ def test_kernel_scratch_is_kept_per_thread_bounded_and_reported():
     assert native.load().controller_scratch_bytes() == grown  # the same batch size again: nothing new
 
     seen = []
-    worker = threading.Thread(target=lambda: (plan_on(nat, 500, 9), seen.append(native.load().controller_scratch_bytes())))
+    worker = threading.Thread(
+        target=lambda: (plan_on(nat, 500, 9), seen.append(native.load().controller_scratch_bytes())))
     worker.start()
     worker.join()
     assert seen[0] > grown  # the other thread's own arrays, counted while it lived

@@ -219,8 +219,8 @@ double tail_from_samples(int64_t n, int64_t s, const double* rem, const double* 
       }
     }
     // P_i = mean over row i's samples of prod_{j != i} mid_j(bin): one exp per distinct bin of the row.
-    // exp(total[g] - log mid_i(g)) = prod_all(g) / mid_i(g): one exp per bin, unless the product is too small for a double
-    // (then one exp per row and bin, as before).
+    // exp(total[g] - log mid_i(g)) = prod_all(g) / mid_i(g): one exp per bin, unless the product is too small for a
+    // double (then one exp per row and bin, as before).
     std::vector<double> prod(bins);
     std::vector<char> exact(bins);
     for (int g = 0; g < bins; ++g) {
