@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from das_trl.drafter.draft_batch import DraftBatch
+from das_trl.vllm.filled_views import FilledViews
 from das_trl.vllm.proposer import DASProposer
 
 
@@ -51,7 +52,7 @@ def glue_us(rows: int, steps: int, k: int = 64) -> float:
     proposer = DASProposer.__new__(DASProposer)  # the glue only: no drafter or controller is built
     proposer._counters = dict(rounds=0, unattached_rounds=0, speculation_seconds=0.0)
     proposer._clock, proposer._step_end, proposer._history_pending = time.perf_counter, None, False
-    proposer._last_req_ids, proposer._all_rows, proposer._ones_buf = [], np.zeros(0, np.int32), np.zeros(0, np.int32)
+    proposer._last_req_ids, proposer._all_rows, proposer._filled = [], np.zeros(0, np.int32), FilledViews()
     proposer.speculator = _NoDraftSpeculator(req_ids, k)
     width = max(1024, rows)
     batch = SimpleNamespace(req_ids=req_ids, num_prompt_tokens=np.full(width, 100, np.int32))

@@ -25,6 +25,7 @@ from das_trl.drafter import DrafterConfig, create_drafter, problem_key
 from das_trl.budget import BudgetController, ControllerConfig
 from das_trl.budget.cost_model import assumed_c_logprob_ms
 from das_trl.drafter.conversation import ConversationKeys
+from das_trl.vllm.filled_views import FilledViews
 from das_trl.vllm.speculator import Speculator
 from das_trl.vllm.verification_logprobs import verification_shape
 from das_trl.vllm.verification_profile import VerificationLimits, install_profile_hook, verification_limits
@@ -98,7 +99,7 @@ class DASProposer:
         self._runner: Any = None
         self._last_req_ids: list[str] = []  # the batch's request ids at the last step (finish detection)
         self._all_rows = np.zeros(0, np.int32)  # arange(n) for steps in which every row decodes
-        self._ones_buf = np.zeros(0, np.int32)  # _ones' buffer
+        self._filled = FilledViews()  # constant int32 rows (1: one sampled token per row)
         # A history push builds its automata in the background; the first step after it waits for them, so which
         # history a draft sees never depends on timing (same seed, same drafts, same sampled rollouts).
         self._history_pending = False
@@ -282,7 +283,7 @@ class DASProposer:
         if not spec.drafted and all(sampled_token_ids):
             # No draft in flight (the last step sent none): every row got exactly its one sampled token, so the
             # per-row lengths are known without reading them (8 us at 256 rows, most of a quiet step's glue).
-            num_sampled, every_row = self._ones(n), True
+            num_sampled, every_row = self._filled(1, n), True
         else:
             num_sampled = np.fromiter(map(len, sampled_token_ids), dtype=np.int32, count=n)
             every_row = bool(num_sampled.all())
@@ -319,13 +320,6 @@ class DASProposer:
         self._step_end = self._clock()
         self._counters["speculation_seconds"] += self._step_end - started
         return drafts
-
-    def _ones(self, n: int) -> np.ndarray:
-        """``int32 [n]`` of ones: a read-only view of a buffer kept across steps (grows by doubling)."""
-        if len(self._ones_buf) < n:
-            self._ones_buf = np.ones(max(n, 2 * len(self._ones_buf), 64), np.int32)
-            self._ones_buf.flags.writeable = False
-        return self._ones_buf[:n]
 
     def _start(self, req_id: str, prompt: np.ndarray) -> None:
         """Start tracking a request with its problem key and, when vLLM knows it, its ``max_tokens`` (the

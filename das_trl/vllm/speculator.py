@@ -37,6 +37,7 @@ from das_trl.budget import BudgetController
 from das_trl.budget.step_cap import cap_step_tokens
 from das_trl.drafter.draft_batch import DraftBatch
 from das_trl.drafter.tokens import _INT32, int32_array
+from das_trl.vllm.filled_views import FilledViews
 
 from .request_book import NativeRequestBook, RequestBook
 
@@ -105,7 +106,7 @@ class Speculator:
         self._sent = 0  # drafts the last step returned (rows with a draft after the cut)
         self.last_plan = None  # the last step's StepPlan (None after a quiet step), for diagnostics (the replay's
         # reliability record: BudgetController.predicted_acceptance)
-        self._fills: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # value -> (read-only buffer, last view)
+        self._filled = FilledViews()  # constant int32 rows (0: no budget, -1: whole draft verified)
         self._views_key: tuple[int, int] | None = None  # (rows, K) of self._views
         self._no_rows = (np.zeros(0, np.int32), np.zeros(0, np.float64))
         self.counters = dict(steps=0, request_rounds=0, speculated_rows=0, silent_steps=0, quiet_steps=0, drafts=0,
@@ -394,18 +395,6 @@ class Speculator:
         k, self._quiet_run = self._quiet_run, 0
         self._book.begin(self._last_slots, k)
         self._book.decay(k)
-
-    def _filled(self, value: int, n: int) -> np.ndarray:
-        """``int32 [n]`` all ``value`` (0: no budget, -1: whole draft verified): a read-only view of a buffer kept
-        across steps, the same view while ``n`` holds (a new array per step cost ~1.3 us). Grows by doubling."""
-        buf, view = self._fills.get(value, (None, None))
-        if view is None or len(view) != n:
-            if buf is None or len(buf) < n:
-                buf = np.full(max(n, 2 * (len(buf) if buf is not None else 0), 64), value, np.int32)
-                buf.flags.writeable = False  # shared by every step: nothing may write to it
-            view = buf[:n]
-            self._fills[value] = (buf, view)
-        return view
 
     def _drafter_step(self, req_ids: list[str], token_matrix: np.ndarray, rows: np.ndarray, num_tokens: np.ndarray,
                       num_prompt: np.ndarray, num_sampled: np.ndarray, verified: np.ndarray, budgets: np.ndarray,
