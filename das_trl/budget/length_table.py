@@ -43,7 +43,7 @@ class LengthTable:
         # the table and counts with one extra all-PAD row (index len(keys)) that unknown keys gather, the pooled
         # quantiles): published together in one assignment, so a gather on the engine's thread reads one build whole
         # while a history push (another thread) builds the next (prepare).
-        self._built = (np.zeros(0, np.int64), np.full(1, -1, np.int64), np.full((1, self.max_lengths), PAD, np.float64),
+        self._built = (np.zeros(0, np.int64), np.full(1, -1, np.int64), np.full((1, 1), PAD, np.float64),
                        np.zeros(1, np.int64), np.zeros(0, np.float64))
 
     def __len__(self) -> int:
@@ -81,7 +81,10 @@ class LengthTable:
         items = [(k, list(dq)) for k, dq in list(self._lengths.items())]  # list() of a dict / deque: one C call each
         keys = np.fromiter((k for k, _ in items), np.int64, len(items))
         order = np.argsort(keys)
-        w = self.max_lengths
+        # As wide as the most lengths a problem holds (<= max_lengths), not max_lengths: the rows are right-aligned
+        # and every reader counts from the right (the lengths above g are a suffix), so the padding columns a wider
+        # table adds change nothing but the bytes each engine step's gather copies and each kernel scans.
+        w = max((len(v) for _, v in items), default=1)
         table = np.full((len(keys) + 1, w), PAD, np.float64)  # + the unknown keys' row
         counts = np.zeros(len(keys) + 1, np.int64)
         for row, j in enumerate(order.tolist()):  # once per history push, not per engine step
@@ -109,13 +112,14 @@ class LengthTable:
             problem_keys: ``int64 [n]`` (or any integer array) problem key per row.
 
         Returns:
-            ``(table, counts, pooled)``: ``float64 [n, max_lengths]`` lengths sorted ascending per row, the row's
+            ``(table, counts, pooled)``: ``float64 [n, W]`` lengths sorted ascending per row, the row's
             ``counts[i]`` lengths in its last columns and :data:`PAD` before them (all :data:`PAD` for an unknown
-            problem); ``int64 [n]`` counts; ``float64 [global_quantiles]`` ascending quantiles of all problems' kept
-            lengths pooled (empty before any history), the fallback for unknown problems. ``table`` and ``counts`` are
-            new arrays (the caller may modify them); ``pooled`` is the table's own (read it only).
+            problem), ``W`` the most lengths any problem holds (``1 <= W <= max_lengths``); ``int64 [n]`` counts;
+            ``float64 [global_quantiles]`` ascending quantiles of all problems' kept lengths pooled (empty before any
+            history), the fallback for unknown problems. ``table`` and ``counts`` are new arrays (the caller may
+            modify them); ``pooled`` is the table's own (read it only).
 
-        Cost: a handful of numpy calls on ``[n]`` / ``[n, max_lengths]`` arrays (one binary search, one row gather), no
+        Cost: a handful of numpy calls on ``[n]`` / ``[n, W]`` arrays (one binary search, one row gather), no
         per-row Python; the sorted table is rebuilt here only when :meth:`observe` added lengths since the last build
         and :meth:`prepare` did not build it already.
         """

@@ -411,3 +411,40 @@ def test_padded_logprobs_cut_the_long_draft_of_a_large_batch_and_patched_keeps_i
     assert padded[512][1] < padded[64][1] < patched[64][1]  # the longer the padding, the shorter the draft
     assert padded[512][1] == 0 and padded[64][2]["padding_cut_steps"] == padded[512][2]["padding_cut_steps"] == 1
     assert padded[64][2]["padding_ms"] > 0 == padded[512][2]["padding_ms"]
+
+
+@pytest.mark.parametrize("backend", ["python", "native"])
+def test_the_length_table_as_wide_as_its_fullest_problem_plans_as_one_padded_to_max_lengths(backend, monkeypatch):
+    """``LengthTable.gather`` returns ``[n, W]`` with ``W`` the most lengths a problem holds, not ``max_lengths``:
+    every reader counts the lengths from the right, so the padding columns a full-width table adds change nothing.
+    Plan, cut and budgets (numpy and native kernels) on the narrow table equal those on the same table padded to
+    ``max_lengths`` (64)."""
+    if backend == "native" and not native.available():
+        pytest.skip("needs the native core (built by the setup script)")
+    from das_trl.budget.length_table import PAD, LengthTable
+
+    keys, out_len, rounds, acc = _batch(60, seed=4)
+    narrow = _controller(backend=backend)
+    assert narrow.lengths.gather(keys)[0].shape == (60, 8) and narrow.lengths.max_lengths == 64
+
+    real_gather = LengthTable.gather
+
+    def padded_gather(self, problem_keys):
+        table, counts, pooled = real_gather(self, problem_keys)
+        wide = np.full((len(table), self.max_lengths), PAD)
+        wide[:, self.max_lengths - table.shape[1]:] = table
+        return wide, counts, pooled
+
+    results = []
+    for ctl in (narrow, None):
+        if ctl is None:
+            monkeypatch.setattr(LengthTable, "gather", padded_gather)
+            ctl = _controller(backend=backend)
+            assert ctl.lengths.gather(keys)[0].shape == (60, 64)
+        plan = ctl.plan(keys, out_len, rounds, out_len + 200)
+        rows = np.flatnonzero(plan.draft)
+        results.append((plan.draft.copy(), plan.weight_ms.copy(), ctl.last_tail_prob.copy(), ctl.cut(plan, acc[rows], rows),
+                        ctl.last_expected_kept.copy(), ctl.budgets(acc, keys, out_len, rounds, out_len + 200)))
+    assert results[0][0].any() and results[0][3].sum() > 0  # the plan drafts and the cut keeps tokens
+    for got, want in zip(*results):
+        assert np.array_equal(got, want)
