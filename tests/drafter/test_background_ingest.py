@@ -357,6 +357,41 @@ def test_quiet_steps_queue_without_waiting_and_drafting_steps_complete_the_queue
     assert s["live_tree_tokens"] > 0 and d.check() == ""
 
 
+@pytest.mark.parametrize("defer_idle_rows", [True, False])
+def test_a_new_batchs_first_drafting_step_builds_only_its_drafting_requests(defer_idle_rows):
+    """Requests started since the last step wait for that step (out of the ingest thread's reach). A drafting step
+    with defer_idle_rows builds the drafting ones' automata now and queues the idle ones' prompts for the thread
+    (the first step of a new batch drafts a few rows: building all was its cost); without it, it builds all. The
+    drafting row drafts from its own prompt either way, as a synchronous drafter does; the idle prompts arrive."""
+    d, sync = make(True, defer_idle_rows=defer_idle_rows), make(False)
+    d._core.hold_ingest(True)  # what is queued stays queued until a caller needs the state
+    n, pattern = 8, [5, 6, 7, 8, 9, 10, 11]
+    prompts = [pattern * 6] + [list(range(100 + 40 * i, 130 + 40 * i)) for i in range(1, n)]
+    ids = [f"n{i}" for i in range(n)]
+    width = max(map(len, prompts)) + 1
+    matrix = np.zeros((n, width), np.int32)
+    for i, (rid, prompt) in enumerate(zip(ids, prompts)):
+        matrix[i, :len(prompt)] = prompt
+        matrix[i, len(prompt)] = pattern[len(prompt) % len(pattern)]  # the first output token continues the pattern
+        for x in (d, sync):
+            x.start_request(rid, prompt)
+    assert d._core.ingest_queued_tokens() == sum(map(len, prompts))  # a start costs a copy
+    num_prompt = np.array([len(p) for p in prompts], np.int32)
+    args = (matrix, np.arange(n, dtype=np.int32), num_prompt + 1, num_prompt, np.ones(n, np.int32),
+            np.full(n, -1, np.int32), np.array([K] + [0] * (n - 1), np.int32))
+    out, want = d.step(ids, *args), sync.step(ids, *args)
+    idle_tokens = sum(len(p) + 1 for p in prompts[1:])  # the idle rows' prompts and first tokens
+    assert d._core.ingest_queued_tokens() == (idle_tokens if defer_idle_rows else 0)
+    assert out.row(0) == want.row(0) and len(out.row(0)) >= 4
+    assert out.row(0)[:4] == [pattern[(len(prompts[0]) + 1 + j) % len(pattern)] for j in range(4)]
+    assert not out.lengths[1:].any()
+    d._core.hold_ingest(False)
+    for x in (d, sync):
+        x.stop_request(ids[0])  # a stop completes the queue: every prompt reached the live pool
+    assert d.stats()["live_running_tokens"] == sync.stats()["live_running_tokens"] == idle_tokens
+    assert d.check() == "" and sync.check() == ""
+
+
 def test_zero_budget_rows_do_no_drafting_work():
     """Rows with budget <= 0 in a drafting step: no draft, not counted as speculated, their verification still
     recorded; a reused output's stale rows are cleared."""
@@ -530,3 +565,17 @@ def test_trim_slots_equals_trim_by_id():
     a.trim_slots(np.array([a.slot_of(r) for r in ids], np.int32), keep)
     s0, s1 = drafters[0].stats(), a.stats()
     assert s0["drafts"] == s1["drafts"] == n - 2 and s0["draft_tokens"] == s1["draft_tokens"]
+
+
+def test_the_first_step_benchmark_runs_the_real_drafter():
+    """``scripts/bench_first_step.py`` (the figure docs/native-core.md quotes) starts requests and steps the native
+    drafter itself: a change to those calls breaks it here, not silently."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "bench_first_step.py"
+    spec = importlib.util.spec_from_file_location("bench_first_step", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    us_per_start, first_step_ms = module.first_step(16, 20, 2, 1)
+    assert 0.0 < us_per_start < 1e5 and 0.0 < first_step_ms < 1e4

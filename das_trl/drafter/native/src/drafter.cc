@@ -247,6 +247,28 @@ void Drafter::offer_ingest_locked(Lock& lk) {
 }
 
 void Drafter::sync_locked() {
+  if (!start_rows_.empty()) queue_starts_locked(false);
+  ingest_queue_locked();
+}
+
+void Drafter::queue_starts_locked(bool build_drafting) {
+  // Usually the queue is empty (the thread took the earlier steps' work during the forward pass): the prompts then
+  // become the queue's tokens where they are, without a second copy.
+  const bool in_place = defer_rows_.empty();
+  if (in_place) defer_tokens_.swap(start_tokens_);
+  for (const Deferred& d : start_rows_) {
+    const int32_t* prompt = (in_place ? defer_tokens_ : start_tokens_).data() + d.begin;
+    if (build_drafting && hot_[d.slot].drafts_in == list_epoch_) build_locked(reqs_[d.slot], prompt, d.n);
+    else if (in_place) defer_rows_.push_back(d);
+    else defer_row(d.slot, prompt, d.n, Deferred::kStart);
+  }
+  if (in_place && defer_rows_.empty()) defer_tokens_.clear();  // every one was built: nothing is queued
+  start_rows_.clear();
+  start_tokens_.clear();
+  if (start_tokens_.capacity() > (size_t{1} << 22)) std::vector<int32_t>().swap(start_tokens_);  // a huge batch
+}
+
+void Drafter::ingest_queue_locked() {
   if (!defer_rows_.empty()) {  // the thread has not started it: the caller needs the state now
     ++ingest_.caller_ingests;
     ingest_deferred_locked();
@@ -284,7 +306,9 @@ void Drafter::hold_ingest(bool hold) {
 Drafter::IngestStats Drafter::ingest_stats() const {
   std::lock_guard<std::mutex> lk(mu_);
   IngestStats s = ingest_;
-  s.queued_tokens = static_cast<int64_t>(defer_tokens_.size());
+  // The entries' own counts: a prompt built at once may stay in defer_tokens_, unreferenced (queue_starts_locked).
+  s.queued_tokens = static_cast<int64_t>(start_tokens_.size());
+  for (const Deferred& d : defer_rows_) s.queued_tokens += d.n;
   clockid_t clock;
   timespec ts{};
   if (ingest_thread_.joinable() &&
@@ -308,11 +332,13 @@ void Drafter::start(int32_t slot, const int32_t* prompt, int64_t n, uint64_t pro
     return;
   }
   // The request is active at once; its prompt reaches its automata on the ingest thread, queued with the steps'
-  // tokens (in order: every reader completes the queue first), so a start costs the engine a copy of the prompt.
+  // tokens (in order: every reader completes the queue first), so a start costs the engine a copy of the prompt. It
+  // waits in start_rows_ until the next step, which builds it at once if it drafts there (queue_starts_locked).
   Lock lk(mu_);
   if (ingest_error_) sync_locked();  // rethrows
   register_locked(slot, n, problem);
-  defer_row(slot, prompt, n, Deferred::kStart);
+  start_rows_.push_back(Deferred{slot, Deferred::kStart, static_cast<int64_t>(start_tokens_.size()), n});
+  start_tokens_.insert(start_tokens_.end(), prompt, prompt + n);
 }
 
 void Drafter::start_locked(int32_t slot, const int32_t* prompt, int64_t n, uint64_t problem) {
@@ -662,7 +688,7 @@ void Drafter::propose_row(Request& r, int budget, const Snapshot* psnap, const S
 
 void Drafter::begin_listing() {
   if (++list_epoch_ == 0) {  // wrapped: no slot may look listed in this call
-    for (Hot& h : hot_) h.listed = 0;
+    for (Hot& h : hot_) h.listed = h.drafts_in = 0;
     list_epoch_ = 1;
   }
 }
@@ -790,8 +816,11 @@ void Drafter::step(const int32_t* matrix, int64_t rows_in_matrix, int64_t row_le
                        ", num_prompt " + std::to_string(num_prompt[i]) + ", num_tokens " +
                        std::to_string(num_tokens[i]) + " (matrix " + std::to_string(rows_in_matrix) + " x " +
                        std::to_string(row_len) + ")");
-    drafting |= budgets[i] > 0;
-    const Hot& h = list_once(slots[i], i, "step");
+    Hot& h = list_once(slots[i], i, "step");
+    if (budgets[i] > 0) {
+      drafting = true;
+      h.drafts_in = list_epoch_;
+    }
     // Token ids this row will append (all of it when it restarts): a negative id would corrupt the automata, where
     // -1 means "no transition" (extend_request checks the same in Python).
     const int64_t out_len = static_cast<int64_t>(num_tokens[i]) - num_prompt[i];
@@ -812,8 +841,17 @@ void Drafter::step(const int32_t* matrix, int64_t rows_in_matrix, int64_t row_le
   const bool late = threaded && drafting && cfg_.defer_shared_ingest;
   const bool late_idle = threaded && drafting && (cfg_.defer_shared_ingest || cfg_.defer_idle_rows);
   // A drafting step reads the automata: every earlier step's deferred work is completed first (usually the thread
-  // did it during the forward pass), so no draft ever reads a half-appended automaton.
-  if (drafting) sync_locked();
+  // did it during the forward pass), so no draft ever reads a half-appended automaton. Requests started since the
+  // last step go behind it; with late_idle only the drafting ones are built now, the idle ones' prompts wait for the
+  // thread like the idle rows' tokens.
+  if (drafting && late_idle) {
+    ingest_queue_locked();
+    if (!start_rows_.empty()) queue_starts_locked(true);
+  } else if (drafting) {
+    sync_locked();
+  } else if (!start_rows_.empty()) {
+    queue_starts_locked(false);
+  }
   if (defer_tokens_.size() > kMaxQueuedTokens) sync_locked();  // a thread that cannot keep up: the caller catches up
   const int K = cfg_.max_spec_tokens;
   bool deferred = false;
@@ -939,6 +977,8 @@ void Drafter::reset_requests() {
   std::lock_guard<std::mutex> lk(mu_);  // waits for an ingest in progress; what is still deferred is dropped
   defer_rows_.clear();
   defer_tokens_.clear();
+  start_rows_.clear();
+  start_tokens_.clear();
   ingest_error_ = nullptr;
   reqs_.clear();
   hot_.clear();

@@ -15,10 +15,15 @@
 // path's: the tokens are ingested in the same order, between the same other operations. A step where no row drafts
 // does not wait for the queue: in a quiet batch the tokens of several steps may wait there (at most
 // kMaxQueuedTokens) until the thread takes them or a caller needs the state.
-// With DrafterConfig::defer_shared_ingest (default), a drafting step keeps on its critical path only what its drafts
-// read now: the drafting rows' own text (own automaton, recent tokens, history match states). The idle rows' new
-// tokens and the shared sibling and batch automata's catch-up with the drafting rows' tokens go to the thread, so a
-// draft reads every row's newest tokens there one step late; a drafting row's own match in those automata is
+// With DrafterConfig::defer_idle_rows (default), a drafting step leaves the rows without a budget to the thread: their
+// new tokens, and the prompts of requests started since the last step that do not draft in it (a new batch's first
+// step drafts a few rows; building every row's automata before them was the step's whole cost), so a draft reads the
+// other rows' newest text one step late. Started requests wait in start_rows_, out of the thread's reach, until the
+// next step decides, so which prompts a draft reads never depends on the thread's timing. With
+// DrafterConfig::defer_shared_ingest (off by default) a drafting step keeps on its critical path only what its drafts
+// read now: the drafting rows' own text (own automaton, recent tokens, history match states); the shared sibling and
+// batch automata's catch-up with the drafting rows' tokens goes to the thread too, so a draft reads every row's
+// newest tokens there one step late; a drafting row's own match in those automata is
 // advanced over its newest tokens (Request::shared_lag, propose_row's group_state), so its context is current.
 // Drafts then differ slightly from the synchronous path's, deterministically (the same inputs give the same drafts,
 // whoever ingests the deferred rows).
@@ -185,7 +190,7 @@ class Drafter {
     int32_t ell = 0;
     int64_t pending = 0;   // tokens appended since the state was advanced
   };
-  // What a step reads and writes of every row, dense by slot (24 bytes: a cache line holds 2-3 rows) and never
+  // What a step reads and writes of every row, dense by slot (32 bytes: a cache line holds 2 rows) and never
   // written by the ingest thread, so that a step where no row drafts touches a few contiguous lines per row instead
   // of each request's scattered (and, after a deferred ingest, another core's) state.
   struct Hot {
@@ -193,6 +198,7 @@ class Drafter {
     int64_t prompt_len = 0;
     int32_t pend_n = -1;     // unverified draft: length (-1: none); its source, match length, priors in Request
     uint32_t listed = 0;     // the last step / propose call that listed this slot (list_once)
+    uint32_t drafts_in = 0;  // the last step call that gave this slot a budget (its list epoch)
     bool active = false;
   };
   struct Request {
@@ -260,8 +266,14 @@ class Drafter {
   // Takes the mutex and completes the deferred ingest (the lock every request-state method starts with; const
   // methods too: the ingest changes no value they report, it only makes it current).
   Lock lock_synced() const;
-  // With mu_ held: ingests the deferred rows, if any, on this thread; rethrows an error of the ingest thread.
+  // With mu_ held: ingests the deferred rows (started requests first queued behind them), if any, on this thread;
+  // rethrows an error of the ingest thread.
   void sync_locked();
+  // With mu_ held: ingests what is queued (not start_rows_) on this thread; rethrows an error of the ingest thread.
+  void ingest_queue_locked();
+  // With mu_ held: the requests started since the last step into the ingest queue, behind what is there; with
+  // build_drafting, those this step drafts (Hot::drafts_in) are built here and now instead.
+  void queue_starts_locked(bool build_drafting);
   // background: on the ingest thread (then the history matches of rows that drafted before catch up too).
   void ingest_deferred_locked(bool background = false);
   void catch_up_history_locked();
@@ -299,6 +311,10 @@ class Drafter {
   std::vector<uint64_t> keys_bg_;
   std::vector<std::shared_ptr<const Snapshot>> snaps_bg_;
   std::vector<int32_t> defer_tokens_;
+  // Requests started since the last step (guarded by mu_; the thread never takes them): their prompts, the Deferred
+  // entries' `begin` indexing start_tokens_. At most the prompts of one step's new requests.
+  std::vector<Deferred> start_rows_;
+  std::vector<int32_t> start_tokens_;
   std::condition_variable ingest_cv_;
   bool ingest_stop_ = false, ingest_hold_ = false;
   bool ingest_ready_ = false;
