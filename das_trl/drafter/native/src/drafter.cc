@@ -252,18 +252,22 @@ void Drafter::sync_locked() {
 }
 
 void Drafter::queue_starts_locked(bool build_drafting) {
+  // The list is taken out before anything can throw (std::bad_alloc): like the thread's ingest, an error drops what
+  // was not done rather than leaving entries to be built twice or read from a moved buffer.
+  starting_.clear();
+  starting_.swap(start_rows_);
   // Usually the queue is empty (the thread took the earlier steps' work during the forward pass): the prompts then
   // become the queue's tokens where they are, without a second copy.
   const bool in_place = defer_rows_.empty();
   if (in_place) defer_tokens_.swap(start_tokens_);
-  for (const Deferred& d : start_rows_) {
-    const int32_t* prompt = (in_place ? defer_tokens_ : start_tokens_).data() + d.begin;
-    if (build_drafting && hot_[d.slot].drafts_in == list_epoch_) build_locked(reqs_[d.slot], prompt, d.n);
+  const int32_t* prompts = (in_place ? defer_tokens_ : start_tokens_).data();
+  for (const Deferred& d : starting_) {
+    if (build_drafting && hot_[d.slot].drafts_in == list_epoch_) build_locked(reqs_[d.slot], prompts + d.begin, d.n);
     else if (in_place) defer_rows_.push_back(d);
-    else defer_row(d.slot, prompt, d.n, Deferred::kStart);
+    else defer_row(d.slot, prompts + d.begin, d.n, Deferred::kStart);
   }
   if (in_place && defer_rows_.empty()) defer_tokens_.clear();  // every one was built: nothing is queued
-  start_rows_.clear();
+  starting_.clear();
   start_tokens_.clear();
   if (start_tokens_.capacity() > (size_t{1} << 22)) std::vector<int32_t>().swap(start_tokens_);  // a huge batch
 }

@@ -315,6 +315,7 @@ class Drafter {
   // entries' `begin` indexing start_tokens_. At most the prompts of one step's new requests.
   std::vector<Deferred> start_rows_;
   std::vector<int32_t> start_tokens_;
+  std::vector<Deferred> starting_;  // queue_starts_locked's list, taken out first (an error cannot run it twice)
   std::condition_variable ingest_cv_;
   bool ingest_stop_ = false, ingest_hold_ = false;
   bool ingest_ready_ = false;
