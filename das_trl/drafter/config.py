@@ -130,8 +130,9 @@ class DrafterConfig:
             completes the queue first, so drafts, counters and stats are the same either way. False: every step
             (and ``start_request``) ingests before it returns.
         defer_idle_rows: with ``background_ingest``, a step in which some rows draft also leaves the new tokens of
-            the rows without a budget to the ingest thread, and the prompts of requests started since the last step
-            that do not draft in it, and ingests only the drafting rows' before it drafts (``native`` backend). A drafting row's own text is always up to date; the sibling and batch
+            the rows without a budget to the ingest thread, as well as the prompts of requests started since the last
+            step that do not draft in it; before it drafts it ingests only the drafting rows' tokens and prompts
+            (``native`` backend). A drafting row's own text is always up to date; the sibling and batch
             automata get the other rows' newest tokens one step later, so drafts differ slightly from the
             synchronous path's (deterministically: the same inputs give the same drafts). Measured by replay: a
             step drafting a few rows of a large batch cost as much as every row's ingest (docs/benchmarks.md,
