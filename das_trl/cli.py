@@ -54,8 +54,12 @@ def main(argv: list[str] | None = None) -> int:
                    "cost-profile": "das_trl.bench.micro.cost_profile",
                    "controller-speed": "das_trl.bench.micro.controller_speed", "page": "das_trl.bench.page",
                    "realdata": "das_trl.bench.realdata"}
+        if len(argv) >= 2 and argv[1] in ("-h", "--help"):
+            print(f"usage: das-trl bench {{{','.join(benches)}}} ...\n\n"
+                  f"`das-trl bench NAME --help` describes one (docs/benchmarks.md: what they measure).")
+            return 0
         if len(argv) < 2 or argv[1] not in benches:
-            parser.error(f"das-trl bench needs one of: {', '.join(benches)}")
+            parser.error(f"das-trl bench needs one of: {', '.join(benches)} (`das-trl bench NAME --help`)")
         import importlib
 
         module = importlib.import_module(benches[argv[1]])

@@ -25,3 +25,10 @@ def test_bad_cpu_knobs_are_one_line_and_exit_2(tmp_path, capsys):
         assert exc.value.code == 2
         err = capsys.readouterr().err
         assert f"argument {flag}: {msg}" in err and "Traceback" not in err
+
+
+def test_bench_help_lists_the_benches_and_exits_0(capsys):
+    for flag in ("--help", "-h"):
+        assert cli_main(["bench", flag]) == 0
+        out = capsys.readouterr().out
+        assert out.startswith("usage: das-trl bench {") and "replay" in out and "suite" in out
