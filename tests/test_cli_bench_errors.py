@@ -32,3 +32,19 @@ def test_bench_help_lists_the_benches_and_exits_0(capsys):
         assert cli_main(["bench", flag]) == 0
         out = capsys.readouterr().out
         assert out.startswith("usage: das-trl bench {") and "replay" in out and "suite" in out
+
+
+def test_cost_model_values_not_above_zero_are_named_before_any_set_is_loaded(tmp_path, capsys):
+    # suite: every --c-tok and --c-base, checked before --sets is read (a missing folder would be the error otherwise)
+    for args, shown in ((["--c-tok", "0.025", "-0.5"], "--c-tok: must be a finite number > 0 (ms per token in a "
+                                                       "pass), got -0.5"),
+                        (["--c-tok", "0"], "--c-tok: must be a finite number > 0 (ms per token in a pass), got 0;"),
+                        (["--c-base", "0"], "--c-base: must be a finite number > 0 (ms per forward pass), got 0;")):
+        assert cli_main(["bench", "suite", "--sets", str(tmp_path / "missing")] + args) == 2
+        err = capsys.readouterr().err
+        assert f"das-trl bench suite: error: {shown}" in err, err
+        assert "LengthPolicyConfig" not in err and "Traceback" not in err
+    # replay: the same check and message
+    assert cli_main(["bench", "replay", "--rollouts", str(tmp_path / "missing.jsonl"), "--c-tok", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert "das-trl bench replay: error: --c-tok: must be a finite number > 0 (ms per token in a pass), got -1;" in err

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+from typing import Sequence
 
 
 def json_overrides(text: str | None, option: str, config: type) -> dict:
@@ -35,6 +36,21 @@ def json_overrides(text: str | None, option: str, config: type) -> dict:
         raise ValueError(f"{option}: unknown {config.__name__} field{'s' if len(unknown) > 1 else ''} "
                          f"{', '.join(map(repr, unknown))}; valid fields: {', '.join(fields)}")
     return value
+
+
+def check_cost_model(c_base: float, c_toks: Sequence[float]) -> None:
+    """Check the cost model options ``--c-base`` and every ``--c-tok`` before anything is loaded or replayed (shared
+    by ``bench replay`` and ``bench suite``).
+
+    Raises:
+        ValueError: a value is not a finite number > 0 (the message names the option and shows the value).
+    """
+    for option, what, values in (("--c-base", "ms per forward pass", [c_base]),
+                                 ("--c-tok", "ms per token in a pass", c_toks)):
+        for v in values:
+            if not 0 < v < float("inf"):  # also rejects nan
+                raise ValueError(f"{option}: must be a finite number > 0 ({what}), got {v:g}; measure it with "
+                                 f"`das-trl bench cost-profile` or use the paper's 7.0 / 0.025")
 
 
 def ngram_spec(text: str) -> tuple[int, int, int]:

@@ -52,8 +52,8 @@ from das_trl.drafter import DrafterConfig
 
 from das_trl.bench.drafters import ALL_DRAFTERS, DEFAULT_DRAFTERS, controller_config, make_drafter
 from das_trl.bench.drafters.suffix import SUFFIX_DEFAULTS
-from das_trl.bench.options import (add_cpu_args, add_engine_args, admission_for, epoch_list, json_overrides,
-                                  limits_for, ngram_spec)
+from das_trl.bench.options import (add_cpu_args, add_engine_args, admission_for, check_cost_model, epoch_list,
+                                  json_overrides, limits_for, ngram_spec)
 from das_trl.bench.report import format_table, format_tiers, write_plots, write_replay_json
 from das_trl.bench.sets import load_epochs, split_epochs
 from das_trl.bench.simulation import Bounds, simulate
@@ -97,9 +97,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Raises:
         FileNotFoundError: ``--rollouts`` does not exist.
-        ValueError: bad input: an unknown drafter, a JSON option that is not an object of the config's fields, an
-            unusable rollouts file or record (:func:`~das_trl.bench.sets.load_epochs`), or epochs that cannot be
-            split (:func:`~das_trl.bench.sets.split_epochs`).
+        ValueError: bad input: an unknown drafter, a ``--c-base`` / ``--c-tok`` that is not > 0
+            (:func:`~das_trl.bench.options.check_cost_model`), a JSON option that is not an object of the config's
+            fields, an unusable rollouts file or record (:func:`~das_trl.bench.sets.load_epochs`), or epochs that
+            cannot be split (:func:`~das_trl.bench.sets.split_epochs`).
     """
     args = parse_args(argv)
     # Options first (cheap), so a typo fails before a large file is read, not minutes into a replay.
@@ -107,6 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = [x for x in names if x not in ALL_DRAFTERS]
     if unknown:
         raise ValueError(f"--drafters: unknown {', '.join(map(repr, unknown))}; choose from {', '.join(ALL_DRAFTERS)}")
+    check_cost_model(args.c_base, [args.c_tok])
     ngram = args.ngram
     pc = LengthPolicyConfig(**json_overrides(args.policy, "--policy", LengthPolicyConfig))
     das_ov = json_overrides(args.das_config, "--das-config", DrafterConfig)
