@@ -1,5 +1,7 @@
 """`das-trl bench ...` turns bad user input (missing files, unknown drafters) into one clear line and exit code 2."""
 
+import pathlib
+
 from das_trl.cli import main as cli_main
 
 
@@ -48,3 +50,15 @@ def test_cost_model_values_not_above_zero_are_named_before_any_set_is_loaded(tmp
     assert cli_main(["bench", "replay", "--rollouts", str(tmp_path / "missing.jsonl"), "--c-tok", "-1"]) == 2
     err = capsys.readouterr().err
     assert "das-trl bench replay: error: --c-tok: must be a finite number > 0 (ms per token in a pass), got -1;" in err
+
+
+def test_missing_realdata_folder_says_how_to_fetch_the_sets(tmp_path, capsys):
+    missing = tmp_path / "shared" / "realdata"  # ../shared/realdata on a fresh machine
+    assert cli_main(["bench", "suite", "--sets", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert f"das-trl bench suite: error: --sets: {missing} does not exist; " in err
+    assert f"`bash scripts/fetch_realdata.sh --out {missing}`" in err and "~/.cache/das-trl/realdata" in err
+    assert (pathlib.Path(__file__).parents[1] / "scripts" / "fetch_realdata.sh").is_file()
+    # a file under such a folder: the folder is what the script fills
+    assert cli_main(["bench", "suite", "--sets", str(missing / "set.jsonl.gz")]) == 2
+    assert f"fetch_realdata.sh --out {missing}`" in capsys.readouterr().err

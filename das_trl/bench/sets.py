@@ -22,12 +22,20 @@ def find_sets(paths: Sequence[str | Path]) -> list[Path]:
     """Every ``*.jsonl`` / ``*.jsonl.gz`` file under the given folders (files are taken as they are), sorted.
 
     Raises:
-        FileNotFoundError: a path does not exist, or no rollout file was found at all.
+        FileNotFoundError: a path does not exist (for a realdata folder the message says how to fetch the sets), or
+            no rollout file was found at all.
     """
     out: list[Path] = []
     for p in map(Path, paths):
         if not p.exists():
-            raise FileNotFoundError(f"--sets: {p} does not exist")
+            hint = ""
+            if any("realdata" in part.lower() for part in p.parts):  # e.g. ../shared/realdata on a fresh machine
+                # the script runs from the checkout's root: an absolute --out, the folder (not a file in it)
+                out = (p.parent if set_name(p) != p.name else p).absolute()
+                hint = (f"; the suite's third-party real-rollout sets can be fetched with `bash "
+                        f"scripts/fetch_realdata.sh --out {out}` (downloads them from their public sources, needs "
+                        f"network; without --out they go to ~/.cache/das-trl/realdata, or $DAS_TRL_CACHE/realdata)")
+            raise FileNotFoundError(f"--sets: {p} does not exist{hint}")
         if p.is_file():
             out.append(p)
         else:
