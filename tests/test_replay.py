@@ -396,3 +396,18 @@ def test_the_profiled_verification_limits_hold_in_the_replay():
         assert max(free.step_drafts) > 16 or max(free.step_longest) > (per_row or 64)  # the limit binds
         assert max(held.step_drafts) <= 16 and max(held.step_longest) <= (per_row or 64)
         assert held.tokens == free.tokens and held.draft_tokens < free.draft_tokens
+
+
+def test_replay_table_names_the_default_drafter_under_its_rows(jsonl, capsys):
+    assert replay.main(["--rollouts", str(jsonl), "--drafters", "none,suffix,das+controller"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert f"{report.DEFAULT}: das-trl's default drafter" in lines
+    # the rows themselves are unchanged: the default's row has the name alone and as many columns as none's
+    rows: dict[str, list[str]] = {}
+    for line in lines:  # the table's rows come first (the tiers below repeat the names)
+        if line.split() and line.split()[0] in ("none", "suffix", report.DEFAULT):
+            rows.setdefault(line.split()[0], line.split())
+    assert len(rows[report.DEFAULT]) == len(rows["none"]) == 14
+    # without the default among the drafters, no such line
+    assert replay.main(["--rollouts", str(jsonl), "--drafters", "none,suffix"]) == 0
+    assert "default drafter" not in capsys.readouterr().out

@@ -62,7 +62,8 @@ def format_table(results: Sequence[ReplayResult], c_base: float = 7.0, c_tok: fl
     per engine step (ms: the critical path, background work beyond a step's forward pass included) and per
     request-round (us), its background work per step beside it (ms, the ingest thread's, overlapping the forward
     pass), and the time with the CPU (ms, vs ``none`` and vs the better of ``none`` and ``suffix``, each with its own
-    CPU). ``*``: CPU measured but not representative (``ngram``)."""
+    CPU). ``*``: CPU measured but not representative (``ngram``). A line under the table names the product's
+    default (:data:`DEFAULT`) when it is among the rows."""
     rat = ratios(results, c_base, c_tok, host_speed, async_off_ms, bounds)
     head = (f"{'drafter':<16}{'tok/rd':>7}{'vs sfx':>7}{'tail':>6}{'vs none':>8}{'time ms':>10}{'vs none':>8}"
             f"{'vs best':>8}{'CPU ms/st':>10}{'us/req-rd':>10}{'bg ms/st':>9}{'+CPU ms':>10}{'vs none':>8}"
@@ -81,6 +82,8 @@ def format_table(results: Sequence[ReplayResult], c_base: float = 7.0, c_tok: fl
                      f"{_f(x['time_cpu_vs_best'], 8, 3)}")
     lines.append(f"cost model {c_base} ms + {c_tok} ms/token; CPU: this machine's thread CPU time / host speed "
                  f"{host_speed:g}, async-off charge {async_off_ms:g} ms/step (speculative methods); bounds: no CPU")
+    if DEFAULT in rat:  # a line of its own: the rows keep their columns for whoever splits them
+        lines.append(f"{DEFAULT}: das-trl's default drafter")
     if flagged:
         lines.append("* CPU measured but not representative (vLLM's ngram is a numba kernel)")
     return "\n".join(lines)
