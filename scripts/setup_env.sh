@@ -15,6 +15,20 @@ VENV="${DAS_TRL_VENV:-.venv}"
 STAMP="$VENV/.das-trl-setup"
 NATIVE_STAMP="$VENV/.das-trl-native"
 WANT="$(cat pyproject.toml scripts/setup_env.sh | sha256sum | cut -c1-16)-$ENGINE"
+# One run at a time per environment: a second run (e.g. the README's two quick-start commands started together) waits
+# for the first on a lock file next to the venv (.venv.lock, git-ignored), then finds its stamp and exits. flock comes
+# with util-linux (every Debian/Ubuntu); without it the script runs unlocked.
+LOCK="${VENV%/}.lock"
+if command -v flock >/dev/null 2>&1; then
+  mkdir -p "$(dirname "$LOCK")"
+  exec 9>"$LOCK"
+  if ! flock -n 9; then
+    echo "[das-trl] another scripts/setup_env.sh is setting up $VENV: waiting for it to finish" >&2
+    flock 9
+  fi
+else
+  echo "[das-trl] flock not found (util-linux): no lock, so do not run two setup_env.sh at once" >&2
+fi
 
 native_want() {
   # What the installed build depends on: the C++ sources, the CMake files and which package files exist (an editable

@@ -719,6 +719,33 @@ def test_setup_script_checks_the_driver_before_installing_the_cuda_build(tmp_pat
     assert not venv.exists()  # nothing installed
 
 
+def test_setup_script_waits_for_a_run_already_holding_its_lock(tmp_path):
+    """Two runs at once would race on creating the venv: the second waits on VENV.lock (flock) for the first."""
+    import fcntl
+    import shutil
+    import time
+
+    if shutil.which("flock") is None:
+        pytest.skip("no flock (util-linux): the script runs unlocked")
+    if Path("/proc/driver/nvidia/version").exists():
+        pytest.skip("this machine has an NVIDIA driver: the script would go on to install the CUDA build")
+    venv = tmp_path / "venv"
+    env = dict(os.environ, DAS_TRL_ENGINE="cuda", DAS_TRL_VENV=str(venv))  # then stops at the driver check
+    env.pop("DAS_TRL_SKIP_DRIVER_CHECK", None)
+    with open(tmp_path / "venv.lock", "w") as held:  # what a first run holds
+        fcntl.flock(held, fcntl.LOCK_EX)
+        proc = subprocess.Popen(["bash", str(ROOT / "scripts" / "setup_env.sh")], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        time.sleep(2.0)
+        waiting = proc.poll() is None
+        fcntl.flock(held, fcntl.LOCK_UN)
+    out, err = proc.communicate(timeout=120)
+    assert waiting, out + err
+    assert "waiting for it to finish" in err
+    assert proc.returncode == 1 and "NVIDIA driver" in out  # then it went on as usual
+    assert not venv.exists()
+
+
 # ---------------------------------------------------------------------------------------------------- bench live
 def test_live_bench_none_baseline_keeps_vllm_default_scheduling():
     from das_trl.bench import live
