@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"`das-trl bench NAME --help` describes one (docs/benchmarks.md: what they measure).")
             return 0
         if len(argv) < 2 or argv[1] not in benches:
-            parser.error(f"das-trl bench needs one of: {', '.join(benches)} (`das-trl bench NAME --help`)")
+            given = f"unknown bench {argv[1]!r}; " if len(argv) >= 2 else ""
+            parser.error(f"{given}das-trl bench needs one of: {', '.join(benches)} (`das-trl bench NAME --help`)")
         import importlib
 
         module = importlib.import_module(benches[argv[1]])

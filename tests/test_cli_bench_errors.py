@@ -62,3 +62,24 @@ def test_missing_realdata_folder_says_how_to_fetch_the_sets(tmp_path, capsys):
     # a file under such a folder: the folder is what the script fills
     assert cli_main(["bench", "suite", "--sets", str(missing / "set.jsonl.gz")]) == 2
     assert f"fetch_realdata.sh --out {missing}`" in capsys.readouterr().err
+
+
+def test_empty_or_repeated_drafters_are_refused_before_any_set_is_loaded(tmp_path, capsys):
+    # An empty list used to replay nothing and exit 0 (replay: the bounds only; suite: a row of nan); a drafter
+    # listed twice was replayed twice. The sets do not exist: the drafters' error must come first.
+    missing = str(tmp_path / "missing")
+    for bench, where in (("replay", "--rollouts"), ("suite", "--sets")):
+        for text, msg in (("", "no drafter given"), (" , ", "no drafter given"),
+                          ("none,suffix,none", "'none' listed more than once")):
+            assert cli_main(["bench", bench, where, missing, "--drafters", text]) == 2
+            err = capsys.readouterr().err
+            assert f"das-trl bench {bench}: error: --drafters: {msg}" in err and "Traceback" not in err
+
+
+def test_unknown_bench_is_named(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["bench", "bogus"])
+    assert exc.value.code == 2
+    assert "unknown bench 'bogus'" in capsys.readouterr().err

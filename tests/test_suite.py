@@ -116,3 +116,12 @@ def test_long_drafts_show_the_short_drafts_bound_beside_their_own(sets, tmp_path
     rat = point["by_c_tok"]["0.025"]["ratios"]
     assert rat["oracle-trim@16"]["bound"] and rat["oracle-trim@16"]["time_ms"] > 0
     assert rat["oracle-text"]["tail"] <= rat["oracle-trim"]["tail"]
+
+
+def test_summary_without_the_default_drafter_shows_dashes_not_nan(sets, capsys):
+    # The summary line is the default's: when it was not run its tokens per round printed "nan".
+    assert suite.main(["--sets", str(sets / "synthetic.jsonl"), "--c-tok", "0.025", "--drafters", "none"]) == 0
+    summary = capsys.readouterr().out.split("default = das+controller")[1]
+    assert "nan" not in summary
+    row = [line for line in summary.splitlines() if line.startswith("synthetic")][0]
+    assert row.split()[3] == "-"  # set, c_tok, requests, tok/rd

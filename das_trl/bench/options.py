@@ -53,6 +53,25 @@ def check_cost_model(c_base: float, c_toks: Sequence[float]) -> None:
                                  f"`das-trl bench cost-profile` or use the paper's 7.0 / 0.025")
 
 
+def drafter_names(text: str, known: Sequence[str]) -> list[str]:
+    """``--drafters`` as a list of names: comma-separated, blanks ignored, each once and among ``known``.
+
+    Raises:
+        ValueError: no name given, a name listed twice, or an unknown name (the message names them and lists
+            ``known``).
+    """
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    if not names:
+        raise ValueError(f"--drafters: no drafter given (got {text!r}); choose from {', '.join(known)}")
+    unknown = [x for x in names if x not in known]
+    if unknown:
+        raise ValueError(f"--drafters: unknown {', '.join(map(repr, unknown))}; choose from {', '.join(known)}")
+    twice = sorted({x for x in names if names.count(x) > 1})
+    if twice:
+        raise ValueError(f"--drafters: {', '.join(map(repr, twice))} listed more than once")
+    return names
+
+
 def ngram_spec(text: str) -> tuple[int, int, int]:
     """``--ngram`` as ``(prompt_lookup_min, prompt_lookup_max, num_speculative_tokens)``.
 

@@ -52,8 +52,8 @@ from das_trl.drafter import DrafterConfig
 
 from das_trl.bench.drafters import ALL_DRAFTERS, DEFAULT_DRAFTERS, controller_config, make_drafter
 from das_trl.bench.drafters.suffix import SUFFIX_DEFAULTS
-from das_trl.bench.options import (add_cpu_args, add_engine_args, admission_for, check_cost_model, epoch_list,
-                                  json_overrides, limits_for, ngram_spec)
+from das_trl.bench.options import (add_cpu_args, add_engine_args, admission_for, check_cost_model, drafter_names,
+                                  epoch_list, json_overrides, limits_for, ngram_spec)
 from das_trl.bench.report import format_table, format_tiers, write_plots, write_replay_json
 from das_trl.bench.sets import load_epochs, split_epochs
 from das_trl.bench.simulation import Bounds, simulate
@@ -97,17 +97,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Raises:
         FileNotFoundError: ``--rollouts`` does not exist.
-        ValueError: bad input: an unknown drafter, a ``--c-base`` / ``--c-tok`` that is not > 0
+        ValueError: bad input: no drafter, one listed twice or an unknown one
+            (:func:`~das_trl.bench.options.drafter_names`), a ``--c-base`` / ``--c-tok`` that is not > 0
             (:func:`~das_trl.bench.options.check_cost_model`), a JSON option that is not an object of the config's
             fields, an unusable rollouts file or record (:func:`~das_trl.bench.sets.load_epochs`), or epochs that
             cannot be split (:func:`~das_trl.bench.sets.split_epochs`).
     """
     args = parse_args(argv)
     # Options first (cheap), so a typo fails before a large file is read, not minutes into a replay.
-    names = [x.strip() for x in args.drafters.split(",") if x.strip()]
-    unknown = [x for x in names if x not in ALL_DRAFTERS]
-    if unknown:
-        raise ValueError(f"--drafters: unknown {', '.join(map(repr, unknown))}; choose from {', '.join(ALL_DRAFTERS)}")
+    names = drafter_names(args.drafters, ALL_DRAFTERS)
     check_cost_model(args.c_base, [args.c_tok])
     ngram = args.ngram
     pc = LengthPolicyConfig(**json_overrides(args.policy, "--policy", LengthPolicyConfig))

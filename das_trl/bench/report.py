@@ -271,7 +271,7 @@ def format_summary(points: Sequence[Point], c_base: float, c_toks: Sequence[floa
              f"critical path (background beyond a step's forward pass included), bg = background work per step", head,
              "-" * len(head)]
     for r in summary_rows(points, c_base, c_toks, host_speed, async_off_ms, default):
-        lines.append(f"{r['set']:<34}{r['c_tok']:>6}{r['requests']:>5}{r['tokens_per_round']:>8.3f}"
+        lines.append(f"{r['set']:<34}{r['c_tok']:>6}{r['requests']:>5}{_f(r['tokens_per_round'], 8, 3)}"
                      f"{_f(r['time_cpu_vs_none'], 10, 3)}{_f(r['time_cpu_vs_best'], 10, 3)}"
                      f"{_f(r['time_vs_best'], 11, 3)}{_pct(r['gap_to_trim'], 9)}{_f(r['trim_vs_best'], 10, 3)}"
                      f"{_f(r['short_trim_vs_best'], 11, 3)}{_f(r['text_vs_best'], 10, 3)}{_f(r['cpu_ms_per_step'], 10, 3)}"

@@ -50,8 +50,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from das_trl.bench.drafters import ALL_DRAFTERS, COST_AWARE, controller_config, make_drafter
-from das_trl.bench.options import (add_cpu_args, add_engine_args, admission_for, check_cost_model, json_overrides,
-                                  limits_for)
+from das_trl.bench.options import (add_cpu_args, add_engine_args, admission_for, check_cost_model, drafter_names,
+                                  json_overrides, limits_for)
 from das_trl.bench.point import Point
 from das_trl.bench.reliability import format_reliability, write_reliability_plot
 from das_trl.bench.report import DEFAULT, format_point, format_summary, format_table, write_plot, write_suite_json
@@ -187,10 +187,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    drafters = [x.strip() for x in args.drafters.split(",") if x.strip()]
-    unknown = [x for x in drafters if x not in ALL_DRAFTERS]
-    if unknown:  # before any replay runs, not minutes into one
-        raise ValueError(f"--drafters: unknown {', '.join(map(repr, unknown))}; choose from {', '.join(ALL_DRAFTERS)}")
+    drafters = drafter_names(args.drafters, ALL_DRAFTERS)  # before any replay runs, not minutes into one
     check_cost_model(args.c_base, args.c_tok)  # every --c-tok, before a set is loaded, not in a replay's config
     das_ov = json_overrides(args.das_config, "--das-config", DrafterConfig)
     ctl_ov = json_overrides(args.controller, "--controller", ControllerConfig)
