@@ -213,7 +213,7 @@ def reliability_block(payload: dict, default: str = DEFAULT) -> str:
 SET_WHAT = {
     "frozen_smollm2_t06": "SmolLM2-135M, frozen policy, T 0.6",
     "frozen_smollm2_t10": "SmolLM2-135M, frozen policy, T 1.0",
-    "grpo_smollm2_products": "the main job's GRPO run (SmolLM2-135M)",
+    "grpo_smollm2_products": "the main job's GRPO task run for 80 steps (SmolLM2-135M)",
     "qwen25_05b_gsm8k_grpo_das": "Qwen2.5-0.5B GRPO on GSM8K (third party)",
     "qwen25math7b_amc23_base_vs_grpo20": "Qwen2.5-Math-7B on AMC23 after 20 GRPO steps, the base model's rollouts as "
                                          "history (third party)",

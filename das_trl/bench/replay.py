@@ -71,9 +71,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="how records are numbered into epochs: 'appearance' (default): the k-th training step in "
                         "which a problem appears is its epoch k (k = 0, 1, ...); 'epoch': the record's own epoch "
                         "field, rounded down")
-    p.add_argument("--drafters", default=",".join(DEFAULT_DRAFTERS), help=f"from {','.join(ALL_DRAFTERS)}")
-    p.add_argument("--c-base", type=float, default=7.0, help="cost model: ms per forward pass")
-    p.add_argument("--c-tok", type=float, default=0.025, help="cost model: ms per token in a pass")
+    p.add_argument("--drafters", default=",".join(DEFAULT_DRAFTERS),
+                   help=f"comma-separated from {','.join(ALL_DRAFTERS)}, each once (default: all; das+controller is "
+                        "das-trl's default drafter)")
+    p.add_argument("--c-base", type=float, default=7.0, help="cost model: ms per forward pass (default: %(default)s)")
+    p.add_argument("--c-tok", type=float, default=0.025,
+                   help="cost model: ms per token in a pass (default: %(default)s)")
     p.add_argument("--ngram", type=ngram_spec, default=(5, 5, 8),
                    help="MIN,MAX,K for ngram: prompt_lookup_min, prompt_lookup_max (n-gram sizes, 1 <= MIN <= MAX) "
                         "and num_speculative_tokens (K >= 1); default 5,5,8")
