@@ -38,21 +38,6 @@ def json_overrides(text: str | None, option: str, config: type) -> dict:
     return value
 
 
-def check_cost_model(c_base: float, c_toks: Sequence[float]) -> None:
-    """Check the cost model options ``--c-base`` and every ``--c-tok`` before anything is loaded or replayed (shared
-    by ``bench replay`` and ``bench suite``).
-
-    Raises:
-        ValueError: a value is not a finite number > 0 (the message names the option and shows the value).
-    """
-    for option, what, values in (("--c-base", "ms per forward pass", [c_base]),
-                                 ("--c-tok", "ms per token in a pass", c_toks)):
-        for v in values:
-            if not 0 < v < float("inf"):  # also rejects nan
-                raise ValueError(f"{option}: must be a finite number > 0 ({what}), got {v:g}; measure it with "
-                                 f"`das-trl bench cost-profile` or use the paper's 7.0 / 0.025")
-
-
 def drafter_names(text: str, known: Sequence[str]) -> list[str]:
     """``--drafters`` as a list of names: comma-separated, blanks ignored, each once and among ``known``.
 
@@ -118,7 +103,7 @@ def add_cpu_args(p: argparse.ArgumentParser) -> None:
     """The knobs of the proposer's CPU in the time with the CPU (shared by ``bench replay`` and ``bench suite``)."""
     g = p.add_argument_group("proposer CPU (the time with the CPU: c_base * steps + c_tok * verified tokens + "
                              "proposer CPU / host speed + async-off charge)")
-    g.add_argument("--host-speed", type=_positive, default=1.0,
+    g.add_argument("--host-speed", type=positive_float, default=1.0,
                    help="how much faster the target host's CPU runs the proposer than this machine: the measured "
                         "CPU time is divided by it (1 = this machine; default %(default)s)")
     g.add_argument("--draft-threads", type=_threads, default=None,
@@ -130,8 +115,17 @@ def add_cpu_args(p: argparse.ArgumentParser) -> None:
                         f"saving near {ASYNC_OFF_MS_REFERENCE:g} ms per step: PR #25872, see docs/benchmarks.md)")
 
 
-def _positive(text: str) -> float:
-    value = float(text)
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0 (``--host-speed``, the cost model's ``--c-base`` / ``--c-tok``), checked
+    as the options are parsed, before anything is loaded.
+
+    Raises:
+        argparse.ArgumentTypeError: not a number, or not finite and > 0 (nan included).
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
     return value

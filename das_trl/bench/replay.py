@@ -52,8 +52,8 @@ from das_trl.drafter import DrafterConfig
 
 from das_trl.bench.drafters import ALL_DRAFTERS, DEFAULT_DRAFTERS, controller_config, make_drafter
 from das_trl.bench.drafters.suffix import SUFFIX_DEFAULTS
-from das_trl.bench.options import (add_cpu_args, add_engine_args, admission_for, check_cost_model, drafter_names,
-                                  epoch_list, json_overrides, limits_for, ngram_spec)
+from das_trl.bench.options import (add_cpu_args, add_engine_args, admission_for, drafter_names, epoch_list,
+                                  json_overrides, limits_for, ngram_spec, positive_float)
 from das_trl.bench.report import format_table, format_tiers, write_plots, write_replay_json
 from das_trl.bench.sets import load_epochs, split_epochs
 from das_trl.bench.simulation import Bounds, simulate
@@ -74,8 +74,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--drafters", default=",".join(DEFAULT_DRAFTERS),
                    help=f"comma-separated from {','.join(ALL_DRAFTERS)}, each once (default: all; das+controller is "
                         "das-trl's default drafter)")
-    p.add_argument("--c-base", type=float, default=7.0, help="cost model: ms per forward pass (default: %(default)s)")
-    p.add_argument("--c-tok", type=float, default=0.025,
+    p.add_argument("--c-base", type=positive_float, default=7.0,
+                   help="cost model: ms per forward pass (default: %(default)s; `das-trl bench cost-profile` "
+                        "measures it)")
+    p.add_argument("--c-tok", type=positive_float, default=0.025,
                    help="cost model: ms per token in a pass (default: %(default)s)")
     p.add_argument("--ngram", type=ngram_spec, default=(5, 5, 8),
                    help="MIN,MAX,K for ngram: prompt_lookup_min, prompt_lookup_max (n-gram sizes, 1 <= MIN <= MAX) "
@@ -101,15 +103,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     Raises:
         FileNotFoundError: ``--rollouts`` does not exist.
         ValueError: bad input: no drafter, one listed twice or an unknown one
-            (:func:`~das_trl.bench.options.drafter_names`), a ``--c-base`` / ``--c-tok`` that is not > 0
-            (:func:`~das_trl.bench.options.check_cost_model`), a JSON option that is not an object of the config's
+            (:func:`~das_trl.bench.options.drafter_names`), a JSON option that is not an object of the config's
             fields, an unusable rollouts file or record (:func:`~das_trl.bench.sets.load_epochs`), or epochs that
             cannot be split (:func:`~das_trl.bench.sets.split_epochs`).
     """
     args = parse_args(argv)
     # Options first (cheap), so a typo fails before a large file is read, not minutes into a replay.
     names = drafter_names(args.drafters, ALL_DRAFTERS)
-    check_cost_model(args.c_base, [args.c_tok])
     ngram = args.ngram
     pc = LengthPolicyConfig(**json_overrides(args.policy, "--policy", LengthPolicyConfig))
     das_ov = json_overrides(args.das_config, "--das-config", DrafterConfig)

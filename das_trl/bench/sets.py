@@ -31,9 +31,9 @@ def find_sets(paths: Sequence[str | Path]) -> list[Path]:
             hint = ""
             if any("realdata" in part.lower() for part in p.parts):  # e.g. ../shared/realdata on a fresh machine
                 # the script runs from the checkout's root: an absolute --out, the folder (not a file in it)
-                out = (p.parent if set_name(p) != p.name else p).absolute()
+                folder = (p.parent if set_name(p) != p.name else p).absolute()
                 hint = (f"; the suite's third-party real-rollout sets can be fetched with `bash "
-                        f"scripts/fetch_realdata.sh --out {out}` (downloads them from their public sources, needs "
+                        f"scripts/fetch_realdata.sh --out {folder}` (downloads them from their public sources, needs "
                         f"network; without --out they go to ~/.cache/das-trl/realdata, or $DAS_TRL_CACHE/realdata)")
             raise FileNotFoundError(f"--sets: {p} does not exist{hint}")
         if p.is_file():

@@ -50,8 +50,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from das_trl.bench.drafters import ALL_DRAFTERS, COST_AWARE, controller_config, make_drafter
-from das_trl.bench.options import (add_cpu_args, add_engine_args, admission_for, check_cost_model, drafter_names,
-                                  json_overrides, limits_for)
+from das_trl.bench.options import (add_cpu_args, add_engine_args, admission_for, drafter_names, json_overrides,
+                                  limits_for, positive_float)
 from das_trl.bench.point import Point
 from das_trl.bench.reliability import format_reliability, write_reliability_plot
 from das_trl.bench.report import DEFAULT, format_point, format_summary, format_table, write_plot, write_suite_json
@@ -168,8 +168,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sets", nargs="+", required=True, help="folders (searched for *.jsonl, *.jsonl.gz) or files")
     p.add_argument("--drafters", default=",".join(DEFAULT_DRAFTERS),
                    help="comma-separated drafters (das_trl.bench.drafters.ALL_DRAFTERS; default: %(default)s)")
-    p.add_argument("--c-base", type=float, default=7.0, help="cost model: ms per forward pass")
-    p.add_argument("--c-tok", type=float, nargs="+", default=[0.025], help="cost model: ms per token (several: "
+    p.add_argument("--c-base", type=positive_float, default=7.0, help="cost model: ms per forward pass")
+    p.add_argument("--c-tok", type=positive_float, nargs="+", default=[0.025], help="cost model: ms per token (several: "
                                                                             "a sweep)")
     p.add_argument("--early-appearance", type=int, default=7,
                    help="also replay this appearance of files with more appearances than this + 1 (-1: never)")
@@ -188,7 +188,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     drafters = drafter_names(args.drafters, ALL_DRAFTERS)  # before any replay runs, not minutes into one
-    check_cost_model(args.c_base, args.c_tok)  # every --c-tok, before a set is loaded, not in a replay's config
     das_ov = json_overrides(args.das_config, "--das-config", DrafterConfig)
     ctl_ov = json_overrides(args.controller, "--controller", ControllerConfig)
     points: list[Point] = []
