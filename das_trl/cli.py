@@ -22,6 +22,41 @@ def _bad_input(command: str, exc: Exception) -> int:
     return 2
 
 
+#: ``das-trl bench NAME``: the module whose ``main`` runs it and what it measures (one line, after its module docstring).
+BENCHES = {
+    "replay": ("das_trl.bench.replay", "replay a recorded epoch given the earlier ones, round by round, per drafter "
+                                       "(cost-model time, no model runs)"),
+    "record": ("das_trl.bench.micro.record", "record frozen-policy rollouts for the replay: N epochs of the same "
+                                             "problems from a vLLM engine"),
+    "live": ("das_trl.bench.live", "live A/B: the same rollout batch through a real vLLM engine once per drafter"),
+    "drafter-speed": ("das_trl.bench.micro.drafter_speed", "the drafter's CPU per engine step next to vLLM's suffix "
+                                                           "method, both driven as vLLM calls them"),
+    "history-memory": ("das_trl.bench.micro.history_memory", "the drafter's memory stays bounded by its history "
+                                                             "token budget over a synthetic GRPO run"),
+    "suite": ("das_trl.bench.suite", "every recorded rollout set against none / ngram / suffix / the DAS variants, "
+                                     "in one table"),
+    "cost-profile": ("das_trl.bench.micro.cost_profile", "measure the forward-pass cost model c_base + c_tok * "
+                                                         "tokens on this device"),
+    "controller-speed": ("das_trl.bench.micro.controller_speed", "the CPU cost of one budget-controller call (once "
+                                                                 "per engine step) on this machine"),
+    "page": ("das_trl.bench.page", "the benchmarks page (docs tables, README headline, figures) from the suite's "
+                                   "JSON; --check: is it up to date"),
+    "realdata": ("das_trl.bench.realdata", "rebuild the third-party rollout sets of the benchmarks page from their "
+                                           "pinned public sources"),
+}
+
+
+def _bench_help() -> None:
+    """Print ``das-trl bench --help``: the benches, each with its line (argparse lays them out; nothing imported)."""
+    p = argparse.ArgumentParser(prog="das-trl bench", usage=f"das-trl bench {{{','.join(BENCHES)}}} ...",
+                                add_help=False, epilog="`das-trl bench NAME --help` describes one "
+                                                       "(docs/benchmarks.md: what they measure).")
+    sub = p.add_subparsers(title="benches", metavar="NAME")
+    for name, (_, text) in BENCHES.items():
+        sub.add_parser(name, help=text, add_help=False)
+    p.print_help()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``das-trl``; returns the process exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -48,15 +83,9 @@ def main(argv: list[str] | None = None) -> int:
 
         return serve_main(argv[1:])
     if argv and argv[0] == "bench":
-        benches = {"replay": "das_trl.bench.replay", "record": "das_trl.bench.micro.record",
-                   "live": "das_trl.bench.live", "drafter-speed": "das_trl.bench.micro.drafter_speed",
-                   "history-memory": "das_trl.bench.micro.history_memory", "suite": "das_trl.bench.suite",
-                   "cost-profile": "das_trl.bench.micro.cost_profile",
-                   "controller-speed": "das_trl.bench.micro.controller_speed", "page": "das_trl.bench.page",
-                   "realdata": "das_trl.bench.realdata"}
+        benches = {name: module for name, (module, _) in BENCHES.items()}
         if len(argv) >= 2 and argv[1] in ("-h", "--help"):
-            print(f"usage: das-trl bench {{{','.join(benches)}}} ...\n\n"
-                  f"`das-trl bench NAME --help` describes one (docs/benchmarks.md: what they measure).")
+            _bench_help()
             return 0
         if len(argv) < 2 or argv[1] not in benches:
             given = f"unknown bench {argv[1]!r}; " if len(argv) >= 2 else ""

@@ -86,3 +86,15 @@ def test_unknown_bench_is_named(capsys):
         cli_main(["bench", "bogus"])
     assert exc.value.code == 2
     assert "unknown bench 'bogus'" in capsys.readouterr().err
+
+
+def test_bench_help_says_what_each_bench_measures(capsys):
+    # `das-trl bench --help` used to list the names alone: each now has its one-line description beside it
+    import re
+
+    assert cli_main(["bench", "--help"]) == 0
+    out = capsys.readouterr().out
+    names = re.match(r"usage: das-trl bench \{([^}]*)\}", out).group(1).split(",")
+    assert len(names) == 10
+    for name in names:
+        assert re.search(rf"^ +{re.escape(name)}\s+\w.{{20,}}$", out, re.M), (name, out)  # a long name: next line
