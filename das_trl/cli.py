@@ -22,7 +22,7 @@ def _bad_input(command: str, exc: Exception) -> int:
     return 2
 
 
-#: ``das-trl bench NAME``: the module whose ``main`` runs it and what it measures (one line, after its module docstring).
+#: ``das-trl bench NAME``: the module whose ``main`` runs it and what it measures (one line, after its docstring).
 BENCHES = {
     "replay": ("das_trl.bench.replay", "replay a recorded epoch given the earlier ones, round by round, per drafter "
                                        "(cost-model time, no model runs)"),
