@@ -125,3 +125,14 @@ def test_summary_without_the_default_drafter_shows_dashes_not_nan(sets, capsys):
     assert "nan" not in summary
     row = [line for line in summary.splitlines() if line.startswith("synthetic")][0]
     assert row.split()[3] == "-"  # set, c_tok, requests, tok/rd
+
+
+def test_shapes_default_is_shown_as_typed_and_parses_to_the_list(monkeypatch, capsys):
+    # --help showed the default as a Python list repr, ['patched', 'padded']: now as the user types it
+    monkeypatch.setenv("COLUMNS", "1000")  # one line per option: the default is not wrapped apart
+    with pytest.raises(SystemExit):
+        suite.parse_args(["--help"])
+    out = capsys.readouterr().out
+    assert "(default patched,padded)" in out and "['" not in out
+    assert suite.parse_args(["--sets", "x"]).shapes == ["patched", "padded"]
+    assert suite.parse_args(["--sets", "x", "--shapes", "padded"]).shapes == ["padded"]

@@ -156,7 +156,8 @@ def add_engine_args(p: argparse.ArgumentParser, shapes: bool = False) -> None:
                         "measured 0.00098 at a 151,936-entry vocabulary with vLLM's compiled rank count, "
                         "recipes/gpu/verification_cost.py, docs/budget.md; 0: free)")
     if shapes:
-        g.add_argument("--shapes", type=_shapes, default=list(VERIFICATION_SHAPES),
+        # A string default (argparse runs it through the type) so --help shows it as typed, not as a list repr
+        g.add_argument("--shapes", type=_shapes, default=",".join(VERIFICATION_SHAPES),
                        help="verification shapes, comma-separated: the first prices the main tables, the others add "
                             "none, suffix and the default priced (the default re-run) under them (default "
                             "%(default)s)")
