@@ -98,3 +98,19 @@ def test_bench_help_says_what_each_bench_measures(capsys):
     assert len(names) == 10
     for name in names:
         assert re.search(rf"^ +{re.escape(name)}\s+\w.{{20,}}$", out, re.M), (name, out)  # a long name: next line
+
+
+def test_early_appearance_below_minus_one_is_refused_at_parse_time(tmp_path, capsys):
+    # -1 means "never"; -5 used to be accepted silently (and acted as -1)
+    import pytest
+
+    for value, shown in (("-5", "got '-5'"), ("x", "got 'x'")):
+        with pytest.raises(SystemExit) as exc:
+            cli_main(["bench", "suite", "--sets", str(tmp_path / "missing"), "--early-appearance", value])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert f"argument --early-appearance: must be an int >= -1 (-1: never), {shown}" in err, err
+    from das_trl.bench import suite
+
+    assert [suite.parse_args(["--sets", "x", "--early-appearance", v]).early_appearance for v in ("-1", "0", "7")] \
+        == [-1, 0, 7]

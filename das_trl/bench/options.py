@@ -131,6 +131,22 @@ def positive_float(text: str) -> float:
     return value
 
 
+def int_or_never(text: str) -> int:
+    """argparse type: an int >= 0, or -1 for "never" (the suite's ``--early-appearance``), checked as the options are
+    parsed.
+
+    Raises:
+        argparse.ArgumentTypeError: not an int, or below -1.
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        value = -2
+    if value < -1:
+        raise argparse.ArgumentTypeError(f"must be an int >= -1 (-1: never), got {text!r}")
+    return value
+
+
 def _non_negative(text: str) -> float:
     value = float(text)
     if not 0 <= value < float("inf"):  # also rejects nan

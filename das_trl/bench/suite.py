@@ -50,8 +50,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from das_trl.bench.drafters import ALL_DRAFTERS, COST_AWARE, controller_config, make_drafter
-from das_trl.bench.options import (add_cpu_args, add_engine_args, admission_for, drafter_names, json_overrides,
-                                  limits_for, positive_float)
+from das_trl.bench.options import (add_cpu_args, add_engine_args, admission_for, drafter_names, int_or_never,
+                                  json_overrides, limits_for, positive_float)
 from das_trl.bench.point import Point
 from das_trl.bench.reliability import format_reliability, write_reliability_plot
 from das_trl.bench.report import DEFAULT, format_point, format_summary, format_table, write_plot, write_suite_json
@@ -171,7 +171,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--c-base", type=positive_float, default=7.0, help="cost model: ms per forward pass")
     p.add_argument("--c-tok", type=positive_float, nargs="+", default=[0.025], help="cost model: ms per token (several: "
                                                                             "a sweep)")
-    p.add_argument("--early-appearance", type=int, default=7,
+    p.add_argument("--early-appearance", type=int_or_never, default=7,
                    help="also replay this appearance of files with more appearances than this + 1 (-1: never)")
     p.add_argument("--das-config", default=None, help="JSON of DrafterConfig overrides for every DAS variant")
     p.add_argument("--controller", default=None, help="JSON of ControllerConfig overrides for das+controller")
