@@ -58,8 +58,9 @@ class ControllerConfig:
             before drafting (:meth:`BudgetController.plan`): vLLM runs the proposer on the engine's critical path, so
             a row is drafted only where its expected saving also pays for this. The default (20) is what the draft
             search and the row's own ingest cost the proposer on a 2-core machine in the replays (all of its CPU over
-            its drafted rows was 30-50 us on the large-batch sets; docs/benchmarks.md, issue 16); a faster host or
-            more ``draft_threads`` lower it. 0: drafting is free (the controller before issue 16).
+            its drafted rows was 30-50 us on the large-batch sets; benchmarks/NOTES.md, "steps that draft little
+            cost little"); a faster host or more ``draft_threads`` lower it. 0: drafting is free (the controller
+            before this setting).
         draft_row_source: where the gate's price per drafted row comes from: ``"config"`` (``draft_row_us``: the
             same drafts on every run of the same rollouts) or ``"measured"`` (opt-in: the proposer's own CPU per
             drafted row on this host, fitted from its step times while it runs,
@@ -90,7 +91,8 @@ class ControllerConfig:
             this many pseudo-steps at the engine-wide rate); 0: every speculated row counts as sending. With the
             tail uncertainty alone, AMC23 at c_tok 0.1 speculated rows whose drafts the cut then dropped (78 %) and
             lost more CPU than it saved; with both, the replay suite's mean time without CPU vs the best of none and
-            suffix goes 0.946 -> 0.941 and the rows speculated on AMC23 fall 16-20 % (docs/benchmarks.md, session 20).
+            suffix goes 0.946 -> 0.941 and the rows speculated on AMC23 fall 16-20 % (docs/tuning.md;
+            benchmarks/NOTES.md, "Adopted: uncertain speeds, and the CPU of drafts the cut drops").
     """
 
     c_base_ms: float = 7.0

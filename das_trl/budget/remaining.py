@@ -103,8 +103,9 @@ def tau_samples(tau_obs: np.ndarray, rounds: np.ndarray, rem_mean: np.ndarray, z
     token at least), over the rounds seen (with the estimate's 4 pseudo-rounds) and the rounds still to come. Without
     it every row keeps its observed speed exactly, and a crowd of requests cut at the same ``max_tokens`` lands in the
     same bin of :func:`~das_trl.budget.tail.tail_probability`'s histogram and shares the tail probability equally,
-    whatever their speeds; with it, the rows that are slower (or whose speed is less certain) get more of it (replays: docs/benchmarks.md,
-    session 20; ``ControllerConfig.tau_uncertainty``).
+    whatever their speeds; with it, the rows that are slower (or whose speed is less certain) get more of it
+    (replays: benchmarks/NOTES.md, "Adopted: uncertain speeds, and the CPU of drafts the cut drops";
+    ``ControllerConfig.tau_uncertainty``).
 
     Args:
         tau_obs: ``float64 [n]`` observed tokens per round (``>= 1``).

@@ -135,8 +135,9 @@ class DrafterConfig:
             (``native`` backend). A drafting row's own text is always up to date; the sibling and batch
             automata get the other rows' newest tokens one step later, so drafts differ slightly from the
             synchronous path's (deterministically: the same inputs give the same drafts). Measured by replay: a
-            step drafting a few rows of a large batch cost as much as every row's ingest (docs/benchmarks.md,
-            issue 16). False: drafting steps ingest every row first (drafts identical to ``background_ingest=False``).
+            step drafting a few rows of a large batch cost as much as every row's ingest (benchmarks/NOTES.md,
+            "steps that draft little cost little"). False: drafting steps ingest every row first (drafts identical
+            to ``background_ingest=False``).
         defer_shared_ingest: with ``background_ingest``, a drafting step does before it drafts only what its drafts
             read now: the drafting rows' own text (own automaton, recent tokens, history matches). The idle rows'
             tokens and the sibling and batch automata's catch-up with the drafting rows' tokens go to the ingest

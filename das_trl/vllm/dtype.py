@@ -2,9 +2,10 @@
 
 vLLM's ``dtype="auto"`` downcasts a float32 checkpoint to bfloat16 (on CPU builds and on GPUs), so a trainer computing
 in float32 (the packaged SmolLM2-135M-Instruct is float32, ``bf16=False``) got rollouts sampled in bfloat16: processed
-logprobs 2.5e-2 nats apart from the trainer's on average, 0.55 at worst (issue 11), against ~1e-5 / ~2e-3 with a
-float32 engine. TRL's ``sampling/sampling_logp_difference`` showed it at every step and could not be told from a
-drafter fault. The rules here:
+logprobs 2.5e-2 nats apart from the trainer's on average, 0.55 at worst, against ~1e-5 / ~2e-3 with a float32
+engine (docs/reliability.md, "Rollouts are sampled in the trainer's precision", has a two-step GRPO measurement).
+TRL's ``sampling/sampling_logp_difference`` showed it at every step and could not be told from a drafter fault. The
+rules here:
 
 * colocate mode (:func:`colocate_engine_dtype`): ``das_vllm_kwargs["dtype"]`` when set, else the trainer's compute
   dtype (:func:`trainer_compute_dtype`: bfloat16 / float16 under accelerate mixed precision, else the policy's
