@@ -411,3 +411,21 @@ def test_replay_table_names_the_default_drafter_under_its_rows(jsonl, capsys):
     # without the default among the drafters, no such line
     assert replay.main(["--rollouts", str(jsonl), "--drafters", "none,suffix"]) == 0
     assert "default drafter" not in capsys.readouterr().out
+
+
+def test_replay_table_has_a_legend_of_its_columns_and_the_suite_tables_do_not(jsonl, capsys):
+    assert replay.main(["--rollouts", str(jsonl), "--drafters", "none,suffix,das+controller"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    # under the table (after its cost-model line and the default's line), before the tiers
+    start = next(i for i, x in enumerate(lines) if x.startswith("cost model "))
+    end = next(i for i, x in enumerate(lines) if x.startswith("tokens/round by length"))
+    assert lines[start + 1] == f"{report.DEFAULT}: das-trl's default drafter"
+    text = " ".join(lines[start + 2:end])
+    for column in ("tok/rd:", "vs sfx:", "tail:", "vs best", "+CPU ms:", "CPU ms/st", "us/req-rd", "bg ms/st:",
+                   "oracle-trim", "oracle-text"):
+        assert column in text, (column, lines[start:end])
+    assert len(next(x for x in lines if x.startswith("none ")).split()) == 14  # the rows are unchanged
+    # the suite prints a table per point and cost model: no legend repeated under each (format_table's default)
+    train, evals, _, _ = sets.split_epochs(sets.load_epochs(jsonl), None, None)
+    assert "tok/rd:" not in report.format_table([simulation.simulate(drafters.make_drafter("none"), train, evals)])

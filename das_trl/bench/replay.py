@@ -147,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             sib = simulate(make_drafter("das+siblings", ngram, pc, das_ov, cc, args.draft_threads), train, evals,
                            args.c_base, args.c_tok, warmup=not args.no_warmup, **price)
         bounds = Bounds.of(sib, [len(r.completion_ids) for r in evals])
-    print(format_table(results, args.c_base, args.c_tok, args.host_speed, args.async_off_ms, bounds))
+    print(format_table(results, args.c_base, args.c_tok, args.host_speed, args.async_off_ms, bounds, legend=True))
     print(format_tiers(results))
     if args.json:
         write_replay_json(args.json, {"rollouts": str(args.rollouts), "train_epochs": tr, "eval_epoch": ev,

@@ -55,15 +55,30 @@ def tier_tokens_per_round(res: ReplayResult) -> dict[str, float]:
     return out
 
 
+#: What the table's columns mean, for ``das-trl bench replay`` (one table, read by newcomers; the suite prints one per
+#: point and cost model and leaves it out).
+TABLE_LEGEND = (
+    "tok/rd: emitted tokens per request-round (vs sfx: over suffix's); tail: engine steps until the batch's last "
+    "request ends",
+    "vs none, vs best: over none's, over the better of none's and suffix's (lower is faster); +CPU ms: time ms plus "
+    "the CPU and async-off charge",
+    "CPU ms/st, us/req-rd: the proposer's critical-path CPU per step, per request-round; bg ms/st: its background "
+    "work per step (overlaps the pass)",
+    "oracle-trim, oracle-text: bounds: the default's drafts cut to their accepted tokens; the true continuation at the "
+    "same cap",
+)
+
+
 def format_table(results: Sequence[ReplayResult], c_base: float = 7.0, c_tok: float = 0.025,
-                 host_speed: float = 1.0, async_off_ms: float = 0.0, bounds: Bounds | None = None) -> str:
+                 host_speed: float = 1.0, async_off_ms: float = 0.0, bounds: Bounds | None = None,
+                 legend: bool = False) -> str:
     """Per drafter (then the bounds): tokens per round (and vs ``suffix``), tail steps (and vs ``none``), the
     cost-model time without the CPU (ms, vs ``none``, vs the better of ``none`` and ``suffix``), the proposer's CPU
     per engine step (ms: the critical path, background work beyond a step's forward pass included) and per
     request-round (us), its background work per step beside it (ms, the ingest thread's, overlapping the forward
     pass), and the time with the CPU (ms, vs ``none`` and vs the better of ``none`` and ``suffix``, each with its own
     CPU). ``*``: CPU measured but not representative (``ngram``). A line under the table names the product's
-    default (:data:`DEFAULT`) when it is among the rows."""
+    default (:data:`DEFAULT`) when it is among the rows; ``legend``: :data:`TABLE_LEGEND` under it as well."""
     rat = ratios(results, c_base, c_tok, host_speed, async_off_ms, bounds)
     head = (f"{'drafter':<16}{'tok/rd':>7}{'vs sfx':>7}{'tail':>6}{'vs none':>8}{'time ms':>10}{'vs none':>8}"
             f"{'vs best':>8}{'CPU ms/st':>10}{'us/req-rd':>10}{'bg ms/st':>9}{'+CPU ms':>10}{'vs none':>8}"
@@ -86,6 +101,8 @@ def format_table(results: Sequence[ReplayResult], c_base: float = 7.0, c_tok: fl
         lines.append(f"{DEFAULT}: das-trl's default drafter")
     if flagged:
         lines.append("* CPU measured but not representative (vLLM's ngram is a numba kernel)")
+    if legend:
+        lines.extend(TABLE_LEGEND)
     return "\n".join(lines)
 
 
