@@ -3,11 +3,14 @@
 It runs on the engine's critical path once per step, after drafting, so its time adds to every step. Synthetic
 inputs: ``--problems`` problems with 64 history lengths each, a batch of ``--batch`` rows from them, drafts of
 width ``--k`` with decaying acceptance estimates. Reports the median and p90 over ``--repeats`` calls, per call and
-per row.
+per row. ``--backend`` is ``ControllerConfig.backend``: ``auto`` (the default: the native kernel when the drafter's
+core is built), ``native`` (the kernel; an error without the core) or ``python`` (the numpy reference); the first
+line printed says which one ran.
 
 CLI::
 
     das-trl bench controller-speed [--batch 64,256,1024] [--k 16] [--problems 2000] [--repeats 200]
+                                   [--backend auto|native|python]
 """
 
 from __future__ import annotations
@@ -21,10 +24,10 @@ import numpy as np
 from das_trl.budget import BudgetController, ControllerConfig
 
 
-def measure(batch: int, k: int, problems: int, repeats: int, seed: int = 0) -> dict:
-    """Median / p90 time (ms) of one ``budgets`` call for ``batch`` rows."""
+def measure(batch: int, k: int, problems: int, repeats: int, seed: int = 0, backend: str = "auto") -> dict:
+    """Median / p90 time (ms) of one ``budgets`` call for ``batch`` rows; ``ran``: ``"native"`` or ``"numpy"``."""
     rng = np.random.default_rng(seed)
-    ctl = BudgetController(ControllerConfig(cost_source="config"))
+    ctl = BudgetController(ControllerConfig(cost_source="config", backend=backend))
     for key in range(problems):
         ctl.observe(key, rng.integers(50, 2000, 64).tolist())
     keys = rng.integers(0, problems, batch)
@@ -38,7 +41,8 @@ def measure(batch: int, k: int, problems: int, repeats: int, seed: int = 0) -> d
         ctl.budgets(acc, keys, out_len, rounds, np.full(batch, 2048))
         times.append(1000.0 * (time.perf_counter() - t0))
     med, p90 = float(np.median(times)), float(np.quantile(times, 0.9))
-    return {"batch": batch, "k": k, "median_ms": med, "p90_ms": p90, "us_per_row": 1000.0 * med / batch}
+    ran = "numpy" if ctl._native_kernel() is None else "native"
+    return {"batch": batch, "k": k, "median_ms": med, "p90_ms": p90, "us_per_row": 1000.0 * med / batch, "ran": ran}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -47,9 +51,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--k", type=int, default=16)
     p.add_argument("--problems", type=int, default=2000)
     p.add_argument("--repeats", type=int, default=200)
+    p.add_argument("--backend", choices=("auto", "native", "python"), default="auto",
+                   help="ControllerConfig.backend: auto (native kernel when built), native, python (numpy reference)")
     args = p.parse_args(argv)
-    for b in (int(x) for x in args.batch.split(",")):
-        r = measure(b, args.k, args.problems, args.repeats)
+    for i, b in enumerate(int(x) for x in args.batch.split(",")):
+        r = measure(b, args.k, args.problems, args.repeats, backend=args.backend)
+        if i == 0:
+            print(f"backend {args.backend}: the {'native kernel' if r['ran'] == 'native' else 'numpy reference'}")
         print(f"batch {r['batch']:>5}  K {r['k']:>3}  median {r['median_ms']:.3f} ms  p90 {r['p90_ms']:.3f} ms  "
               f"({r['us_per_row']:.2f} us per row)")
     return 0

@@ -1,0 +1,26 @@
+"""`das-trl bench controller-speed --backend`: times the numpy reference or the native kernel, and says which ran."""
+
+import pytest
+
+from das_trl.cli import main as cli_main
+
+
+def test_backend_python_times_the_numpy_reference(capsys):
+    argv = ["bench", "controller-speed", "--batch", "4", "--problems", "8", "--repeats", "2"]
+    assert cli_main(argv + ["--backend", "python"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "backend python: the numpy reference"
+    assert len(out) == 2 and out[1].startswith("batch     4  K  16  median ")
+
+
+def test_backend_default_is_auto_and_unknown_values_are_refused(capsys):
+    from das_trl.drafter import native
+
+    argv = ["bench", "controller-speed", "--batch", "4", "--problems", "8", "--repeats", "2"]
+    assert cli_main(argv) == 0
+    ran = "native kernel" if native.available() else "numpy reference"
+    assert capsys.readouterr().out.splitlines()[0] == f"backend auto: the {ran}"
+    with pytest.raises(SystemExit) as exc:
+        cli_main(argv + ["--backend", "numpy"])
+    assert exc.value.code == 2
+    assert "argument --backend: invalid choice: 'numpy'" in capsys.readouterr().err
