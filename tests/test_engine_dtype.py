@@ -1,4 +1,4 @@
-"""The engine's dtype follows the trainer's compute dtype unless the user chose one (issue 11, case 2).
+"""The engine's dtype follows the trainer's compute dtype unless the user chose one.
 
 The real-engine check (default configuration samples at float32 level) is in tests/test_trainer.py.
 """

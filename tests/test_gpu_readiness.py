@@ -1,4 +1,4 @@
-"""GPU and multi-node readiness (issue 12), without a GPU: one test per known break and per refused setting.
+"""GPU and multi-node readiness, without a GPU: one test per known break and per refused setting.
 
 - QLoRA in colocate mode: the engine gets TRL's ``quantization="bitsandbytes"``; 8-bit is refused as TRL does.
 - Pipeline parallelism: ranks without a drafter answer "no drafter on this rank" and clients skip them; ``das-trl

@@ -1,6 +1,6 @@
 """The main job's recipe (recipes/configs/embedded_default.yaml): 1-digit reasoning-gym products, the arithmetic
-system prompt, and rewards that separate a right equation, a wrong one and no equation (issue 11, case 4: groups must
-have reward spread for GRPO to learn)."""
+system prompt, and rewards that separate a right equation, a wrong one and no equation (groups must have reward spread
+for GRPO to learn)."""
 
 from __future__ import annotations
 

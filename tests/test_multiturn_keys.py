@@ -1,4 +1,4 @@
-"""Multi-turn and tool-calling rollouts keep their problem's history (issue 11, case 3).
+"""Multi-turn and tool-calling rollouts keep their problem's history.
 
 In TRL's tool-calling GRPO a later turn is a new engine request whose prompt is the first prompt + earlier turns +
 tool output; its problem key must be the conversation's (first prompt's, or the das_problem_id the trainer pushed), so

@@ -50,8 +50,9 @@ def test_recorded_rollouts_are_pushed_step_by_step_within_the_budget(capsys, tmp
 
 @pytest.mark.parametrize("backend", ["python", "native"])
 def test_live_pool_bounded_by_token_budget_without_pushes(backend):
-    """Issue 11 case (live pool), scaled down: requests finish and are never pushed into the history; the finished
-    outputs in the sibling/batch trees stay within live_token_budget, and so does the process's RSS growth."""
+    """The live pool's input of docs/reliability.md, scaled down: requests finish and are never pushed into the
+    history; the finished outputs in the sibling/batch trees stay within live_token_budget, and so does the process's
+    RSS growth."""
     import json
     import subprocess
     import sys

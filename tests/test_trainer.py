@@ -106,7 +106,7 @@ def test_two_grpo_steps_draft_from_history_and_sync_weights(tmp_path, model_path
     stats = trainer.vllm_generation.das_stats()
     assert stats["history_sequences"] == 16  # 2 steps x 2 problems x 4 samples
     # The default configuration samples at float32 level: TRL's |trainer - engine| logprob difference of the sampled
-    # tokens (issue 11: with vLLM's default bf16 it was mean 2.5e-2, max 0.3-0.55; float32 engines: ~1e-5 / ~2e-3).
+    # tokens (with vLLM's default bf16 it was mean 2.5e-2, max 0.3-0.55; float32 engines: ~1e-5 / ~2e-3).
     assert stats["engine_dtype"] == "float32"
     for log in logs:
         assert log["sampling/sampling_logp_difference/mean"] < SAMPLING_LOGP_MEAN_TOLERANCE, log

@@ -1,8 +1,7 @@
 """The batch budget controller (das_trl/budget/controller.py and the pure functions beside it): their algebra against
-brute force, and the behaviour issue 13 asks for: absolute length awareness (a long-history problem drafts long even
-when it is the only problem, which the old ``tiers`` ranking gets wrong), nothing drafted when verification is
-expensive and acceptance low, the most drafted for the longest request when verification is cheap and the batch
-drains."""
+brute force, and what it decides: absolute length awareness (a long-history problem drafts long even when it is the
+only problem, which the old ``tiers`` ranking gets wrong), nothing drafted when verification is expensive and
+acceptance low, the most drafted for the longest request when verification is cheap and the batch drains."""
 
 import math
 

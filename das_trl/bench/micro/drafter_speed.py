@@ -21,7 +21,8 @@ background next to the quiet latency.
     das-trl bench drafter-speed --compare suffix [--batch 256,1024] [--context 1024,16384] [--workload silent]
 
 ``--workload silent`` makes every live output random (nothing pays): the controller's plan stops drafting, and the
-figures are what a step costs the engine when nothing pays (issue 16's "nearly free" target).
+figures are what a step costs the engine when nothing pays (benchmarks/NOTES.md, "steps that draft little cost
+little").
 """
 
 from __future__ import annotations

@@ -1,16 +1,17 @@
-"""Benchmark: the drafter's live pool stays bounded by its token budget (reliability case 5, issue 11).
+"""Benchmark: the drafter's live pool stays bounded by its token budget (docs/reliability.md, "Memory is bounded").
 
-Runs the issue's input through the public drafter API (reference or native, ``--backend``) with no history push
-at all (an evaluation pass, or a trainer that never pushes): ``--requests`` requests, each its own problem, one after another:
-``start_request`` with a random ``--prompt``-token prompt, ``extend_request`` with ``--output`` random tokens in pieces
-of ``--piece``, ``stop_request``. Finished outputs stay visible to siblings and to the batch tree until their problem
-is pushed, which here never happens, so only ``DrafterConfig.live_token_budget`` bounds them.
+Runs a stream of requests through the public drafter API (reference or native, ``--backend``) with no history push at
+all (an evaluation pass, or a trainer that never pushes): ``--requests`` requests, each its own problem, one after
+another: ``start_request`` with a random ``--prompt``-token prompt, ``extend_request`` with ``--output`` random tokens
+in pieces of ``--piece``, ``stop_request``. Finished outputs stay visible to siblings and to the batch tree until their
+problem is pushed, which here never happens, so only ``DrafterConfig.live_token_budget`` bounds them.
 
 After every stop it checks ``stats()["live_finished_tokens"] <= budget`` and records the largest value; it reports the
 process's resident memory (psutil RSS) growth over the run, the pool's own ``live_approx_bytes`` and the RSS growth
 per live-tree token. Random tokens share no tree paths: the worst case for bytes per token.
 
-Issue 11's input (2,000 requests x 1,000 tokens; about 1.5 GB of RSS before the budget existed)::
+The input of docs/reliability.md's live-pool table (2,000 requests x 1,000 tokens, there with ``--backend native``;
+about 1.5 GB of RSS before the budget existed)::
 
     python -m das_trl.bench.micro.live_memory --requests 2000 --output 1000
 

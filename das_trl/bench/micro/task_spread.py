@@ -4,8 +4,8 @@ GRPO learns only from groups whose completions got different rewards (TRL's ``fr
 others). Before a long run, sample ``--samples`` completions of ``--problems`` problems per task, score them with the
 chosen reward functions and report, per task: mean correctness, mean reward, mean within-group reward standard
 deviation, the groups with no spread, mean completion length and the share cut at ``--max-tokens``. This is how the
-main job's task was chosen (issue 11: on ``gsm_symbolic`` the packaged SmolLM2-135M-Instruct scored 0.01 with no
-spread in any group; benchmarks/NOTES.md, "Choosing the main job's task").
+main job's task was chosen (on ``gsm_symbolic`` the packaged SmolLM2-135M-Instruct scored 0.01 with no spread in
+any group; benchmarks/NOTES.md, "Choosing the main job's task").
 
 Example (the main job's task and prompt; about a minute per task on 2 CPU cores)::
 
