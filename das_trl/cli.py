@@ -64,9 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("serve", help="start a vLLM OpenAI server running the DAS drafter (extra args go to vLLM)",
                    add_help=False)
-    sub.add_parser("bench", help="benchmarks: `das-trl bench replay|suite|page|realdata|record|live|drafter-speed|"
-                                        "controller-speed|history-memory|cost-profile ...`",
-                   add_help=False)
+    sub.add_parser("bench", help=f"benchmarks: `das-trl bench {'|'.join(BENCHES)} ...`", add_help=False)
     prep = sub.add_parser("prepare-model", help="convert the embedded SmolLM2-135M-Instruct once; print its path")
     prep.add_argument("--cache-dir", default=None)
     prep.add_argument("--force", action="store_true")

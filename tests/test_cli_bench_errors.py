@@ -114,3 +114,22 @@ def test_early_appearance_below_minus_one_is_refused_at_parse_time(tmp_path, cap
 
     assert [suite.parse_args(["--sets", "x", "--early-appearance", v]).early_appearance for v in ("-1", "0", "7")] \
         == [-1, 0, 7]
+
+
+def test_top_level_help_lists_the_benches_in_the_order_of_bench_help(monkeypatch, capsys):
+    # `das-trl --help` used to list the benches by hand, in another order than `das-trl bench --help` (BENCHES)
+    import re
+
+    import pytest
+
+    from das_trl.cli import BENCHES
+
+    monkeypatch.setenv("COLUMNS", "400")  # one line: argparse would break "drafter-speed" at its hyphen
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["--help"])
+    assert exc.value.code == 0
+    listed = re.search(r"`das-trl bench ([\w|-]+) \.\.\.`", capsys.readouterr().out).group(1).split("|")
+    assert listed == list(BENCHES)
+    assert cli_main(["bench", "--help"]) == 0
+    usage = re.match(r"usage: das-trl bench \{([^}]*)\}", capsys.readouterr().out).group(1).split(",")
+    assert usage == listed
