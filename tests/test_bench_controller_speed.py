@@ -24,3 +24,20 @@ def test_backend_default_is_auto_and_unknown_values_are_refused(capsys):
         cli_main(argv + ["--backend", "numpy"])
     assert exc.value.code == 2
     assert "argument --backend: invalid choice: 'numpy'" in capsys.readouterr().err
+
+
+def test_values_out_of_range_are_refused_as_the_options_are_parsed(capsys):
+    # --batch 0 was a ZeroDivisionError, --repeats 0 an IndexError, --k -3 / --problems 0 numpy's own message
+    for flag, value, msg in (("--batch", "0", "must be comma-separated ints >= 1, got '0'"),
+                             ("--batch", "64,0", "must be comma-separated ints >= 1, got '64,0'"),
+                             ("--batch", "abc", "must be comma-separated ints >= 1, got 'abc'"),
+                             ("--repeats", "0", "must be an int >= 1, got '0'"),
+                             ("--k", "-3", "must be an int >= 1, got '-3'"),
+                             ("--problems", "0", "must be an int >= 1, got '0'"),
+                             ("--problems", "x", "must be an int >= 1, got 'x'")):
+        with pytest.raises(SystemExit) as exc:
+            cli_main(["bench", "controller-speed", flag, value])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert f"das-trl bench controller-speed: error: argument {flag}: {msg}" in err, err
+        assert "Traceback" not in err

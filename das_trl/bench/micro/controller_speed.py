@@ -21,6 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
+from das_trl.bench.options import _positive_int
 from das_trl.budget import BudgetController, ControllerConfig
 
 
@@ -45,16 +46,24 @@ def measure(batch: int, k: int, problems: int, repeats: int, seed: int = 0, back
     return {"batch": batch, "k": k, "median_ms": med, "p90_ms": p90, "us_per_row": 1000.0 * med / batch, "ran": ran}
 
 
+def _batch_sizes(text: str) -> list[int]:
+    """argparse type of ``--batch``: comma-separated ints >= 1 (``64,256,1024``)."""
+    try:
+        return [_positive_int(x) for x in text.split(",")]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"must be comma-separated ints >= 1, got {text!r}") from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="das-trl bench controller-speed", description=__doc__.split("\n\n")[0])
-    p.add_argument("--batch", default="64,256,1024")
-    p.add_argument("--k", type=int, default=16)
-    p.add_argument("--problems", type=int, default=2000)
-    p.add_argument("--repeats", type=int, default=200)
+    p.add_argument("--batch", type=_batch_sizes, default="64,256,1024")
+    p.add_argument("--k", type=_positive_int, default=16)
+    p.add_argument("--problems", type=_positive_int, default=2000)
+    p.add_argument("--repeats", type=_positive_int, default=200)
     p.add_argument("--backend", choices=("auto", "native", "python"), default="auto",
                    help="ControllerConfig.backend: auto (native kernel when built), native, python (numpy reference)")
     args = p.parse_args(argv)
-    for i, b in enumerate(int(x) for x in args.batch.split(",")):
+    for i, b in enumerate(args.batch):
         r = measure(b, args.k, args.problems, args.repeats, backend=args.backend)
         if i == 0:
             print(f"backend {args.backend}: the {'native kernel' if r['ran'] == 'native' else 'numpy reference'}")
