@@ -96,3 +96,79 @@ def test_prepared_model_is_returned_without_the_lock(tmp_path, monkeypatch):
     finally:
         holder.close()
     assert outcome == {"path": str(target)}
+
+
+def _fake_conversion(monkeypatch, tmp_path, save=None):
+    """Replace the download and transformers' loaders by fakes whose ``save_pretrained`` writes a small model the way
+    safetensors does (``model.safetensors`` mode 0600), or calls ``save(folder)`` instead."""
+    gguf = tmp_path / "downloads" / "model.gguf"
+
+    def save_model(folder):
+        if save is not None:
+            save(folder)
+        (folder / "config.json").write_text("{}")
+        (folder / "model.safetensors").write_bytes(b"weights")
+        (folder / "model.safetensors").chmod(0o600)
+
+    def save_tokenizer(folder):
+        (folder / "tokenizer.json").write_text("{}")
+
+    model = types.SimpleNamespace(config=types.SimpleNamespace(), generation_config=None, save_pretrained=save_model)
+    tokenizer = types.SimpleNamespace(save_pretrained=save_tokenizer)
+    monkeypatch.setattr(model_module, "_fetch_gguf", lambda workdir: gguf)
+    monkeypatch.setitem(sys.modules, "transformers", types.SimpleNamespace(
+        AutoModelForCausalLM=types.SimpleNamespace(from_pretrained=lambda *a, **k: model),
+        AutoTokenizer=types.SimpleNamespace(from_pretrained=lambda *a, **k: tokenizer)))
+
+
+def _temp_folders(cache_dir):
+    return sorted(p.name for p in cache_dir.glob(f".{DEFAULT_MODEL_NAME}-*"))
+
+
+def test_interrupted_conversion_removes_its_temporary_folder(tmp_path, monkeypatch):
+    """Ctrl-C during the save re-raises and leaves no temporary folder (it used to stay, a partial ~0.5 GB model)."""
+
+    def interrupted(folder):
+        (folder / "model.safetensors").write_bytes(b"half")
+        raise KeyboardInterrupt
+
+    _fake_conversion(monkeypatch, tmp_path, save=interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_default_model(cache_dir=tmp_path)
+    assert _temp_folders(tmp_path) == []
+    assert not (tmp_path / DEFAULT_MODEL_NAME).exists()
+
+
+def test_conversion_removes_temporary_folders_of_killed_conversions(tmp_path, monkeypatch):
+    """A temporary folder left by a conversion killed outright (SIGKILL) is removed by the next one, which holds the
+    lock; other files in the cache stay."""
+    stale = tmp_path / f".{DEFAULT_MODEL_NAME}-k1ll3d"
+    stale.mkdir()
+    (stale / "model.safetensors").write_bytes(b"half")
+    (tmp_path / "unrelated.txt").write_text("kept")
+    _fake_conversion(monkeypatch, tmp_path)
+    assert prepare_default_model(cache_dir=tmp_path) == str(tmp_path / DEFAULT_MODEL_NAME)
+    assert _temp_folders(tmp_path) == []
+    assert (tmp_path / "unrelated.txt").read_text() == "kept"
+    assert (tmp_path / f".{DEFAULT_MODEL_NAME}.lock").exists()
+
+
+def test_unlocked_conversion_keeps_other_temporary_folders(tmp_path, monkeypatch):
+    """Without ``fcntl`` the conversion runs unlocked: another folder may be a conversion in progress, so it stays."""
+    other = tmp_path / f".{DEFAULT_MODEL_NAME}-0th3r"
+    other.mkdir()
+    monkeypatch.setattr(model_module, "fcntl", None)
+    _fake_conversion(monkeypatch, tmp_path)
+    prepare_default_model(cache_dir=tmp_path)
+    assert _temp_folders(tmp_path) == [other.name]
+
+
+def test_converted_model_is_readable_by_other_users(tmp_path, monkeypatch):
+    """Every saved file is readable by group and others (``model.safetensors`` used to stay 0600), the folder too."""
+    _fake_conversion(monkeypatch, tmp_path)
+    target = tmp_path / DEFAULT_MODEL_NAME
+    prepare_default_model(cache_dir=tmp_path)
+    assert sorted(p.name for p in target.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"]
+    for path in target.iterdir():
+        assert path.stat().st_mode & 0o044 == 0o044, f"{path.name}: {oct(path.stat().st_mode)}"
+    assert target.stat().st_mode & 0o055 == 0o055

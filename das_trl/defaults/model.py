@@ -55,8 +55,12 @@ def prepare_default_model(cache_dir: str | os.PathLike | None = None, force: boo
     A prepared directory is returned at once, without a lock. Otherwise the conversion runs under an exclusive
     ``fcntl.flock`` on ``<cache>/.SmolLM2-135M-Instruct.lock`` (unlocked where ``fcntl`` is missing): a second process
     arriving meanwhile prints that it waits for the other, waits, then finds the model there and returns it without
-    converting. The model is written to a temporary sibling folder and renamed into place, so an interrupted
-    conversion never leaves a half model behind.
+    converting. The model is written to a hidden temporary sibling folder (``<cache>/.SmolLM2-135M-Instruct-*``) and
+    renamed into place only once complete, so a half-written model is never loaded. A conversion that fails or is
+    interrupted (an exception, Ctrl-C) removes its temporary folder; one left by a process killed outright (SIGKILL)
+    is removed by the next conversion, which deletes such folders once it holds the lock (not where ``fcntl`` is
+    missing: unlocked, they could be another process's conversion in progress). The saved files are made readable
+    by all users (mode 0644), so a cache folder can be shared.
 
     Args:
         cache_dir: where to keep the model (default: :func:`default_cache_dir`).
@@ -87,6 +91,8 @@ def prepare_default_model(cache_dir: str | os.PathLike | None = None, force: boo
                          f"point it to a writable folder") from None
     with lock_file:  # closing it (or the process ending) releases the lock
         _lock_exclusive(lock_file, cache)
+        if fcntl is not None:
+            _remove_stale_temp_folders(cache)
         if _is_prepared(target) and not force:  # another process converted it while this one waited
             return str(target)
         _convert(downloads, target)
@@ -95,6 +101,27 @@ def prepare_default_model(cache_dir: str | os.PathLike | None = None, force: boo
 
 def _is_prepared(target: Path) -> bool:
     return (target / "config.json").exists() and (target / "model.safetensors").exists()
+
+
+def _remove_stale_temp_folders(cache: Path) -> None:
+    """Delete the temporary model folders (``.SmolLM2-135M-Instruct-*``) that conversions left in ``cache``.
+
+    Call it only while holding the lock: only the lock holder creates such folders, so under the lock none of them
+    can be another process's conversion in progress; they are leftovers of one killed outright (SIGKILL, power loss),
+    which had no chance to remove its own (a partial ``model.safetensors``, up to ~0.5 GB).
+    """
+    for stale in cache.glob(f".{DEFAULT_MODEL_NAME}-*"):
+        if stale.is_dir() and not stale.is_symlink():
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def _make_readable(folder: Path) -> None:
+    """Give the saved files mode 0644 and subfolders 0755 (safetensors writes its file 0600), for a shared cache."""
+    for root, dirs, files in os.walk(folder):
+        for name in dirs:
+            os.chmod(os.path.join(root, name), 0o755)
+        for name in files:
+            os.chmod(os.path.join(root, name), 0o644)
 
 
 def _lock_exclusive(lock_file, cache: Path) -> None:
@@ -134,14 +161,20 @@ def _convert(downloads: Path, target: Path) -> None:
                 delattr(holder, "quantization_config")
         model.config.name_or_path = str(target)
         progress.set_postfix_str("saving the Hugging Face model directory")
-        # Write to a temporary sibling and rename, so an interrupted conversion never leaves a half model behind.
+        # Write to a temporary sibling and rename, so a half-written model is never loaded; on any failure (Ctrl-C
+        # included) the temporary folder is removed. One left by a killed process goes at the next conversion.
         tmp = Path(tempfile.mkdtemp(prefix=f".{DEFAULT_MODEL_NAME}-", dir=cache))
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        progress.update()
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.chmod(0o755)
-        tmp.rename(target)
+        try:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            _make_readable(tmp)
+            progress.update()
+            if target.exists():
+                shutil.rmtree(target)
+            tmp.chmod(0o755)
+            tmp.rename(target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)  # nothing left to remove once renamed
+            raise
         progress.set_postfix_str(f"done: {target}")
         progress.update()
