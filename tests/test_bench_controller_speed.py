@@ -41,3 +41,17 @@ def test_values_out_of_range_are_refused_as_the_options_are_parsed(capsys):
         err = capsys.readouterr().err
         assert f"das-trl bench controller-speed: error: argument {flag}: {msg}" in err, err
         assert "Traceback" not in err
+
+
+def test_help_shows_each_option_and_its_default_in_plain_text(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["bench", "controller-speed", "--help"])
+    assert exc.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps the lines
+    assert "Cost of one BudgetController.budgets call (the per-engine-step controller) on this machine." in out
+    assert ":meth:" not in out and "`" not in out
+    for shown in ("(default 64,256,1024)", "(default 16)", "(default 2000)", "(default 200)"):
+        assert shown in out, out
+    for flag in ("--batch BATCH batch sizes", "--k K draft width", "--problems PROBLEMS synthetic problems",
+                 "--repeats REPEATS timed calls"):
+        assert flag in out, out

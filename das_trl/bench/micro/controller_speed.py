@@ -16,6 +16,7 @@ CLI::
 from __future__ import annotations
 
 import argparse
+import re
 import time
 from typing import Sequence
 
@@ -54,12 +55,22 @@ def _batch_sizes(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"must be comma-separated ints >= 1, got {text!r}") from None
 
 
+def _plain(text: str) -> str:
+    """``text`` without Sphinx roles and literal quotes (``:meth:`X``` -> ``X``), for ``--help``."""
+    return re.sub(r":\w+:`~?([^`]*)`", r"\1", text).replace("``", "")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="das-trl bench controller-speed", description=__doc__.split("\n\n")[0])
-    p.add_argument("--batch", type=_batch_sizes, default="64,256,1024")
-    p.add_argument("--k", type=_positive_int, default=16)
-    p.add_argument("--problems", type=_positive_int, default=2000)
-    p.add_argument("--repeats", type=_positive_int, default=200)
+    p = argparse.ArgumentParser(prog="das-trl bench controller-speed", description=_plain(__doc__.split("\n\n")[0]))
+    p.add_argument("--batch", type=_batch_sizes, default="64,256,1024",
+                   help="batch sizes to time, comma-separated, each >= 1 (default %(default)s)")
+    p.add_argument("--k", type=_positive_int, default=16,
+                   help="draft width: acceptance estimates per row, >= 1 (default %(default)s)")
+    p.add_argument("--problems", type=_positive_int, default=2000,
+                   help="synthetic problems the rows are drawn from, each with 64 history lengths, >= 1 "
+                        "(default %(default)s)")
+    p.add_argument("--repeats", type=_positive_int, default=200,
+                   help="timed calls per batch size, >= 1; the median and p90 are over these (default %(default)s)")
     p.add_argument("--backend", choices=("auto", "native", "python"), default="auto",
                    help="ControllerConfig.backend: auto (native kernel when built), native, python (numpy reference)")
     args = p.parse_args(argv)
