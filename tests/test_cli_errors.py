@@ -316,3 +316,13 @@ def test_bench_live_refuses_an_out_folder_under_a_file_before_the_run(monkeypatc
     rc = cli_main(["bench", "live", "--out", str(tmp_path / "file" / "live")])
     err = capsys.readouterr().err
     assert rc == 2 and f"{tmp_path / 'file'} is a file, so the results could not be written there" in err, err
+
+
+def test_prepare_model_help_explains_cache_dir_and_force(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["prepare-model", "--help"])
+    assert exc.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps the lines
+    assert "--cache-dir CACHE_DIR folder to keep the converted model in (default: $DAS_TRL_CACHE, else " \
+           "~/.cache/das-trl)" in out, out
+    assert "--force convert again even if the model is already prepared there, replacing it" in out, out
