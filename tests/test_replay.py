@@ -429,3 +429,24 @@ def test_replay_table_has_a_legend_of_its_columns_and_the_suite_tables_do_not(js
     # the suite prints a table per point and cost model: no legend repeated under each (format_table's default)
     train, evals, _, _ = sets.split_epochs(sets.load_epochs(jsonl), None, None)
     assert "tok/rd:" not in report.format_table([simulation.simulate(drafters.make_drafter("none"), train, evals)])
+
+
+def test_replay_legend_says_what_the_bounds_and_the_suffix_columns_are(jsonl, capsys):
+    # The legend said oracle-trim cut "the default's drafts" (Bounds cuts das+siblings' at the hard cap) and gave
+    # oracle-text's cap as "the same cap"; it did not say what vs sfx / vs best show without suffix.
+    from das_trl.drafter.config import DEFAULT_MAX_SPEC_TOKENS
+
+    assert replay.main(["--rollouts", str(jsonl), "--drafters", "none,das+controller"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    start = next(i for i, x in enumerate(lines) if x.startswith("cost model "))
+    legend = lines[start + 2:start + 2 + len(report.TABLE_LEGEND)]
+    assert tuple(legend) == report.TABLE_LEGEND and all(len(x) <= 120 for x in legend)
+    text = " ".join(x.strip() for x in legend)
+    assert "the default's drafts" not in text and "same cap" not in text
+    assert "das+siblings' drafts at the hard cap, each cut to its accepted tokens" in text
+    assert f"the true continuation at the draft cap K = {DEFAULT_MAX_SPEC_TOKENS}" in text
+    assert "with suffix not among --drafters, vs sfx shows - and vs best equals vs none" in text
+    # ... which is what the rows show here, suffix not replayed: vs sfx -, vs best = vs none (both columns)
+    for name in ("none", report.DEFAULT, "oracle-trim"):
+        row = next(x for x in lines if x.startswith(name + " ")).split()
+        assert row[2] == "-" and row[6] == row[7] and row[12] == row[13], row

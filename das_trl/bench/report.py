@@ -26,7 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from das_trl.bench.point import Point
-from das_trl.bench.simulation import Bounds, ReplayResult
+from das_trl.bench.simulation import ORACLE_K, Bounds, ReplayResult
 
 #: The trainer default (the suite summary's drafter).
 DEFAULT = "das+controller"
@@ -56,16 +56,16 @@ def tier_tokens_per_round(res: ReplayResult) -> dict[str, float]:
 
 
 #: What the table's columns mean, for ``das-trl bench replay`` (one table, read by newcomers; the suite prints one per
-#: point and cost model and leaves it out).
+#: point and cost model and leaves it out). Lines of at most 120 columns; the bounds as :class:`Bounds` computes them
+#: (``oracle-text`` at ``Bounds.of``'s default cap, :data:`~das_trl.bench.simulation.ORACLE_K`, as the replay uses).
 TABLE_LEGEND = (
-    "tok/rd: emitted tokens per request-round (vs sfx: over suffix's); tail: engine steps until the batch's last "
-    "request ends",
-    "vs none, vs best: over none's, over the better of none's and suffix's (lower is faster); +CPU ms: time ms plus "
-    "the CPU and async-off charge",
-    "CPU ms/st, us/req-rd: the proposer's critical-path CPU per step, per request-round; bg ms/st: its background "
-    "work per step (overlaps the pass)",
-    "oracle-trim, oracle-text: bounds: the default's drafts cut to their accepted tokens; the true continuation at the "
-    "same cap",
+    "tok/rd: emitted tokens per request-round (vs sfx: over suffix's); tail: engine steps until the last request ends",
+    "vs none, vs best: over none's, over the better of none's and suffix's (lower is faster); with suffix not among",
+    "  --drafters, vs sfx shows - and vs best equals vs none",
+    "+CPU ms: time ms plus the CPU and async-off charge; CPU ms/st, us/req-rd: the proposer's critical-path CPU per",
+    "  step, per request-round; bg ms/st: its background work per step (overlaps the pass)",
+    "oracle-trim, oracle-text: bounds, no CPU: das+siblings' drafts at the hard cap, each cut to its accepted tokens;",
+    f"  the true continuation at the draft cap K = {ORACLE_K}",
 )
 
 
