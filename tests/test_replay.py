@@ -450,3 +450,13 @@ def test_replay_legend_says_what_the_bounds_and_the_suffix_columns_are(jsonl, ca
     for name in ("none", report.DEFAULT, "oracle-trim"):
         row = next(x for x in lines if x.startswith(name + " ")).split()
         assert row[2] == "-" and row[6] == row[7] and row[12] == row[13], row
+
+
+def test_replay_footer_names_the_logprob_price_as_the_first_line_does(jsonl, capsys):
+    # The first line gave "+ 0.001 ms per logprob row (patched)"; the footer under the table left that term out.
+    assert replay.main(["--rollouts", str(jsonl), "--drafters", "none,suffix", "--c-logprob", "0.002",
+                        "--verification-shape", "padded"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    term = "cost model 7.0 ms + 0.025 ms/token + 0.002 ms per logprob row (padded)"
+    assert term in lines[0]
+    assert next(x for x in lines if x.startswith("cost model ")).startswith(term + "; CPU: ")

@@ -136,3 +136,14 @@ def test_shapes_default_is_shown_as_typed_and_parses_to_the_list(monkeypatch, ca
     assert "(default patched,padded)" in out and "['" not in out
     assert suite.parse_args(["--sets", "x"]).shapes == ["patched", "padded"]
     assert suite.parse_args(["--sets", "x", "--shapes", "padded"]).shapes == ["padded"]
+
+
+def test_suite_table_footers_name_the_logprob_price_of_their_shape(sets, capsys):
+    # The footer "cost model 7.0 ms + 0.025 ms/token" left the logprob rows out: each table names its own price
+    # (the variant tables are priced under the other shape).
+    assert suite.main(["--sets", str(sets / "synthetic.jsonl"), "--c-tok", "0.025", "--drafters", "none,suffix",
+                       "--early-appearance", "-1", "--c-logprob", "0.002"]) == 0
+    footers = [x for x in capsys.readouterr().out.splitlines() if x.startswith("cost model ")]
+    assert footers == [f"cost model 7.0 ms + 0.025 ms/token + 0.002 ms per logprob row ({shape}); CPU: this "
+                       "machine's thread CPU time / host speed 1, async-off charge 0 ms/step (speculative methods); "
+                       "bounds: no CPU" for shape in ("patched", "padded")]

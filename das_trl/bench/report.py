@@ -95,8 +95,13 @@ def format_table(results: Sequence[ReplayResult], c_base: float = 7.0, c_tok: fl
                      f"{_f(x['tail_vs_none'], 8)}{x['time_ms']:>10.0f}{_f(x['time_vs_none'], 8, 3)}"
                      f"{_f(x['time_vs_best'], 8, 3)}{cpu}{x['time_cpu_ms']:>10.0f}{_f(x['time_cpu_vs_none'], 8, 3)}"
                      f"{_f(x['time_cpu_vs_best'], 8, 3)}")
-    lines.append(f"cost model {c_base} ms + {c_tok} ms/token; CPU: this machine's thread CPU time / host speed "
-                 f"{host_speed:g}, async-off charge {async_off_ms:g} ms/step (speculative methods); bounds: no CPU")
+    # the logprob rows' price as the replay's first line words it (each result carries its own: a suite variant's
+    # table is priced under another shape)
+    logprob = "".join(f" + {lp} ms per logprob row ({shape})"
+                      for lp, shape in dict.fromkeys((r.logprob_ms, r.verification_shape) for r in results))
+    lines.append(f"cost model {c_base} ms + {c_tok} ms/token{logprob}; CPU: this machine's thread CPU time / host "
+                 f"speed {host_speed:g}, async-off charge {async_off_ms:g} ms/step (speculative methods); "
+                 "bounds: no CPU")
     if DEFAULT in rat:  # a line of its own: the rows keep their columns for whoever splits them
         lines.append(f"{DEFAULT}: das-trl's default drafter")
     if flagged:
