@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from das_trl.bench import drafters, replay, report, sets, simulation
+from das_trl.bench import drafters, replay, report, sets, simulation, suite
 from das_trl.bench.drafters.ngram import prompt_lookup
 from das_trl.drafter.rollout_log import RolloutRecord, append_records
 
@@ -460,3 +460,12 @@ def test_replay_footer_names_the_logprob_price_as_the_first_line_does(jsonl, cap
     term = "cost model 7.0 ms + 0.025 ms/token + 0.002 ms per logprob row (padded)"
     assert term in lines[0]
     assert next(x for x in lines if x.startswith("cost model ")).startswith(term + "; CPU: ")
+
+
+@pytest.mark.parametrize("parse", [replay.parse_args, suite.parse_args])
+def test_cpu_options_heading_states_the_time_with_the_cpu_with_its_logprob_charge(parse, capsys):
+    # The heading left out the logprob rows' charge that time ms (and so +CPU ms) includes
+    with pytest.raises(SystemExit):
+        parse(["--help"])
+    assert ("proposer CPU (the time with the CPU: c_base * steps + c_tok * verified tokens + c_logprob * logprob "
+            "rows + proposer CPU / host speed + async-off charge)") in capsys.readouterr().out

@@ -102,7 +102,7 @@ ASYNC_OFF_MS_REFERENCE = 1.0
 def add_cpu_args(p: argparse.ArgumentParser) -> None:
     """The knobs of the proposer's CPU in the time with the CPU (shared by ``bench replay`` and ``bench suite``)."""
     g = p.add_argument_group("proposer CPU (the time with the CPU: c_base * steps + c_tok * verified tokens + "
-                             "proposer CPU / host speed + async-off charge)")
+                             "c_logprob * logprob rows + proposer CPU / host speed + async-off charge)")
     g.add_argument("--host-speed", type=positive_float, default=1.0,
                    help="how much faster the target host's CPU runs the proposer than this machine: the measured "
                         "CPU time is divided by it (1 = this machine; default %(default)s)")
