@@ -147,3 +147,20 @@ def test_suite_table_footers_name_the_logprob_price_of_their_shape(sets, capsys)
     assert footers == [f"cost model 7.0 ms + 0.025 ms/token + 0.002 ms per logprob row ({shape}); CPU: this "
                        "machine's thread CPU time / host speed 1, async-off charge 0 ms/step (speculative methods); "
                        "bounds: no CPU" for shape in ("patched", "padded")]
+
+
+def test_help_shows_the_cost_model_defaults_and_lists_the_drafters_as_replay_does(monkeypatch, capsys):
+    # --c-base, --c-tok and --early-appearance showed no default; --drafters pointed to an internal name
+    from das_trl.bench.drafters import ALL_DRAFTERS
+
+    monkeypatch.setenv("COLUMNS", "1000")  # one line per option
+    with pytest.raises(SystemExit):
+        suite.parse_args(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--c-base C_BASE cost model: ms per forward pass (default: 7.0)" in out
+    assert "--c-tok C_TOK [C_TOK ...] cost model: ms per token (several: a sweep; default: 0.025)" in out
+    assert "than this + 1 (-1: never; default: 7)" in out
+    assert f"--drafters DRAFTERS comma-separated from {','.join(ALL_DRAFTERS)}, each once" in out
+    assert "ALL_DRAFTERS" not in out
+    args = suite.parse_args(["--sets", "x"])
+    assert (args.c_base, args.c_tok, args.early_appearance) == (7.0, [0.025], 7)

@@ -167,12 +167,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="das-trl bench suite", description=__doc__.split("\n\n")[0])
     p.add_argument("--sets", nargs="+", required=True, help="folders (searched for *.jsonl, *.jsonl.gz) or files")
     p.add_argument("--drafters", default=",".join(DEFAULT_DRAFTERS),
-                   help="comma-separated drafters (das_trl.bench.drafters.ALL_DRAFTERS; default: %(default)s)")
-    p.add_argument("--c-base", type=positive_float, default=7.0, help="cost model: ms per forward pass")
-    p.add_argument("--c-tok", type=positive_float, nargs="+", default=[0.025], help="cost model: ms per token (several: "
-                                                                            "a sweep)")
+                   help=f"comma-separated from {','.join(ALL_DRAFTERS)}, each once (default: %(default)s; "
+                        "das+controller is das-trl's default drafter)")
+    p.add_argument("--c-base", type=positive_float, default=7.0,
+                   help="cost model: ms per forward pass (default: %(default)s)")
+    c_toks = [0.025]  # a list (nargs): its help shows the values as typed, not the list's repr
+    p.add_argument("--c-tok", type=positive_float, nargs="+", default=c_toks,
+                   help=f"cost model: ms per token (several: a sweep; default: {' '.join(map(str, c_toks))})")
     p.add_argument("--early-appearance", type=int_or_never, default=7,
-                   help="also replay this appearance of files with more appearances than this + 1 (-1: never)")
+                   help="also replay this appearance of files with more appearances than this + 1 (-1: never; "
+                        "default: %(default)s)")
     p.add_argument("--das-config", default=None, help="JSON of DrafterConfig overrides for every DAS variant")
     p.add_argument("--controller", default=None, help="JSON of ControllerConfig overrides for das+controller")
     p.add_argument("--no-warmup", action="store_true", help="see das-trl bench replay --no-warmup")
