@@ -439,8 +439,8 @@ def test_replay_legend_says_what_the_bounds_and_the_suffix_columns_are(jsonl, ca
     assert replay.main(["--rollouts", str(jsonl), "--drafters", "none,das+controller"]) == 0
     lines = capsys.readouterr().out.splitlines()
     start = next(i for i, x in enumerate(lines) if x.startswith("cost model "))
-    legend = lines[start + 2:start + 2 + len(report.TABLE_LEGEND)]
-    assert tuple(legend) == report.TABLE_LEGEND and all(len(x) <= 120 for x in legend)
+    legend = lines[start + 2:start + 2 + len(report.table_legend())]
+    assert tuple(legend) == report.table_legend() and all(len(x) <= 120 for x in legend)
     text = " ".join(x.strip() for x in legend)
     assert "the default's drafts" not in text and "same cap" not in text
     assert "das+siblings' drafts at the hard cap, each cut to its accepted tokens" in text
@@ -469,3 +469,13 @@ def test_cpu_options_heading_states_the_time_with_the_cpu_with_its_logprob_charg
         parse(["--help"])
     assert ("proposer CPU (the time with the CPU: c_base * steps + c_tok * verified tokens + c_logprob * logprob "
             "rows + proposer CPU / host speed + async-off charge)") in capsys.readouterr().out
+
+
+def test_replay_bounds_take_the_drafters_cap_from_das_config(jsonl, capsys):
+    # oracle-text was always at K = 64 in bench replay (Bounds.of's default) while the suite passed the drafters' cap
+    # from --das-config: with max_spec_tokens 16 oracle-trim cut K-16 drafts but oracle-text drafted 64.
+    assert replay.main(["--rollouts", str(jsonl), "--drafters", "none", "--das-config",
+                        '{"max_spec_tokens": 16}']) == 0
+    out = capsys.readouterr().out
+    assert "the true continuation at the draft cap K = 16" in out
+    assert "K = 64" not in out

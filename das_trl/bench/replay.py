@@ -146,7 +146,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if sib is None:
             sib = simulate(make_drafter("das+siblings", ngram, pc, das_ov, cc, args.draft_threads), train, evals,
                            args.c_base, args.c_tok, warmup=not args.no_warmup, **price)
-        bounds = Bounds.of(sib, [len(r.completion_ids) for r in evals])
+        # oracle-text at the drafters' cap K (--das-config's max_spec_tokens), as the suite's bounds
+        k = DrafterConfig(**{key: v for key, v in das_ov.items() if key != "draft_threads"}).max_spec_tokens
+        bounds = Bounds.of(sib, [len(r.completion_ids) for r in evals], k)
     print(format_table(results, args.c_base, args.c_tok, args.host_speed, args.async_off_ms, bounds, legend=True))
     print(format_tiers(results))
     if args.json:

@@ -55,18 +55,23 @@ def tier_tokens_per_round(res: ReplayResult) -> dict[str, float]:
     return out
 
 
-#: What the table's columns mean, for ``das-trl bench replay`` (one table, read by newcomers; the suite prints one per
-#: point and cost model and leaves it out). Lines of at most 120 columns; the bounds as :class:`Bounds` computes them
-#: (``oracle-text`` at ``Bounds.of``'s default cap, :data:`~das_trl.bench.simulation.ORACLE_K`, as the replay uses).
-TABLE_LEGEND = (
-    "tok/rd: emitted tokens per request-round (vs sfx: over suffix's); tail: engine steps until the last request ends",
-    "vs none, vs best: over none's, over the better of none's and suffix's (lower is faster); with suffix not among",
-    "  --drafters, vs sfx shows - and vs best equals vs none",
-    "+CPU ms: time ms plus the CPU and async-off charge; CPU ms/st, us/req-rd: the proposer's critical-path CPU per",
-    "  step, per request-round; bg ms/st: its background work per step (overlaps the pass)",
-    "oracle-trim, oracle-text: bounds, no CPU: das+siblings' drafts at the hard cap, each cut to its accepted tokens;",
-    f"  the true continuation at the draft cap K = {ORACLE_K}",
-)
+def table_legend(k: int = ORACLE_K) -> tuple[str, ...]:
+    """What the table's columns mean, for ``das-trl bench replay`` (one table, read by newcomers; the suite prints one
+    per point and cost model and leaves it out): lines of at most 120 columns, the bounds as :class:`Bounds` computes
+    them (``k``: the draft cap of ``oracle-text``, :attr:`Bounds.k`)."""
+    return (
+        "tok/rd: emitted tokens per request-round (vs sfx: over suffix's); tail: engine steps until the last request "
+        "ends",
+        "vs none, vs best: over none's, over the better of none's and suffix's (lower is faster); with suffix not "
+        "among",
+        "  --drafters, vs sfx shows - and vs best equals vs none",
+        "+CPU ms: time ms plus the CPU and async-off charge; CPU ms/st, us/req-rd: the proposer's critical-path CPU "
+        "per",
+        "  step, per request-round; bg ms/st: its background work per step (overlaps the pass)",
+        "oracle-trim, oracle-text: bounds, no CPU: das+siblings' drafts at the hard cap, each cut to its accepted "
+        "tokens;",
+        f"  the true continuation at the draft cap K = {k}",
+    )
 
 
 def format_table(results: Sequence[ReplayResult], c_base: float = 7.0, c_tok: float = 0.025,
@@ -78,7 +83,7 @@ def format_table(results: Sequence[ReplayResult], c_base: float = 7.0, c_tok: fl
     request-round (us), its background work per step beside it (ms, the ingest thread's, overlapping the forward
     pass), and the time with the CPU (ms, vs ``none`` and vs the better of ``none`` and ``suffix``, each with its own
     CPU). ``*``: CPU measured but not representative (``ngram``). A line under the table names the product's
-    default (:data:`DEFAULT`) when it is among the rows; ``legend``: :data:`TABLE_LEGEND` under it as well."""
+    default (:data:`DEFAULT`) when it is among the rows; ``legend``: :func:`table_legend` under it as well."""
     rat = ratios(results, c_base, c_tok, host_speed, async_off_ms, bounds)
     head = (f"{'drafter':<16}{'tok/rd':>7}{'vs sfx':>7}{'tail':>6}{'vs none':>8}{'time ms':>10}{'vs none':>8}"
             f"{'vs best':>8}{'CPU ms/st':>10}{'us/req-rd':>10}{'bg ms/st':>9}{'+CPU ms':>10}{'vs none':>8}"
@@ -107,7 +112,7 @@ def format_table(results: Sequence[ReplayResult], c_base: float = 7.0, c_tok: fl
     if flagged:
         lines.append("* CPU measured but not representative (vLLM's ngram is a numba kernel)")
     if legend:
-        lines.extend(TABLE_LEGEND)
+        lines.extend(table_legend(bounds.k if bounds is not None else ORACLE_K))
     return "\n".join(lines)
 
 
