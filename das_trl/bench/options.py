@@ -186,7 +186,7 @@ def add_engine_args(p: argparse.ArgumentParser, shapes: bool = False) -> None:
                         "waiting requests before drafts, as das-trl's scheduler): a number, or 'trainer' for the "
                         "budget a colocated GPU engine gets (rows x (K + 1) within 8192..16384); default: off (all "
                         "requests decode from step 0, prompts free)")
-    g.add_argument("--max-num-seqs", type=_positive_int, default=None,
+    g.add_argument("--max-num-seqs", type=positive_int, default=None,
                    help="with --admission: most requests in the engine at once (default: the whole batch)")
     g.add_argument("--verify-limit", type=_verify_limit, default=None,
                    help="the GPU engine's profiled verification shape: 'profile' (at most D = max(N, 8 x K) draft "
@@ -242,7 +242,7 @@ def _word_or_count(text: str, word: str, what: str) -> int | str:
     if text.strip() == word:
         return word
     try:
-        return _positive_int(text)
+        return positive_int(text)
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"{what}, got {text!r}") from None
 
@@ -261,7 +261,9 @@ def _admission(text: str) -> int | str:
     return _word_or_count(text, "trainer", "a token budget (an int >= 1) or 'trainer'")
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
+    """argparse ``type=``: an int >= 1 (``ArgumentTypeError`` naming the text otherwise, so argparse exits 2 with
+    ``argument --NAME: must be an int >= 1, got ...``)."""
     try:
         value = int(text)
     except ValueError:

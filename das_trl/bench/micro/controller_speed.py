@@ -22,7 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
-from das_trl.bench.options import _positive_int
+from das_trl.bench.options import positive_int
 from das_trl.budget import BudgetController, ControllerConfig
 
 
@@ -50,7 +50,7 @@ def measure(batch: int, k: int, problems: int, repeats: int, seed: int = 0, back
 def _batch_sizes(text: str) -> list[int]:
     """argparse type of ``--batch``: comma-separated ints >= 1 (``64,256,1024``)."""
     try:
-        return [_positive_int(x) for x in text.split(",")]
+        return [positive_int(x) for x in text.split(",")]
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"must be comma-separated ints >= 1, got {text!r}") from None
 
@@ -64,12 +64,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="das-trl bench controller-speed", description=_plain(__doc__.split("\n\n")[0]))
     p.add_argument("--batch", type=_batch_sizes, default="64,256,1024",
                    help="batch sizes to time, comma-separated, each >= 1 (default %(default)s)")
-    p.add_argument("--k", type=_positive_int, default=16,
+    p.add_argument("--k", type=positive_int, default=16,
                    help="draft width: acceptance estimates per row, >= 1 (default %(default)s)")
-    p.add_argument("--problems", type=_positive_int, default=2000,
+    p.add_argument("--problems", type=positive_int, default=2000,
                    help="synthetic problems the rows are drawn from, each with 64 history lengths, >= 1 "
                         "(default %(default)s)")
-    p.add_argument("--repeats", type=_positive_int, default=200,
+    p.add_argument("--repeats", type=positive_int, default=200,
                    help="timed calls per batch size, >= 1; the median and p90 are over these (default %(default)s)")
     p.add_argument("--backend", choices=("auto", "native", "python"), default="auto",
                    help="ControllerConfig.backend: auto (native kernel when built), native, python (numpy reference)")
