@@ -50,7 +50,7 @@ from das_trl.budget import ControllerConfig
 from das_trl.budget.tiers import LengthPolicyConfig
 from das_trl.drafter import DrafterConfig
 
-from das_trl.bench.drafters import ALL_DRAFTERS, DEFAULT_DRAFTERS, controller_config, make_drafter
+from das_trl.bench.drafters import ALL_DRAFTERS, DEFAULT_DRAFTERS, controller_config, draft_cap, make_drafter
 from das_trl.bench.drafters.suffix import SUFFIX_DEFAULTS
 from das_trl.bench.options import (add_cpu_args, add_engine_args, admission_for, drafter_names, epoch_list,
                                   json_overrides, limits_for, ngram_spec, positive_float)
@@ -147,8 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             sib = simulate(make_drafter("das+siblings", ngram, pc, das_ov, cc, args.draft_threads), train, evals,
                            args.c_base, args.c_tok, warmup=not args.no_warmup, **price)
         # oracle-text at the drafters' cap K (--das-config's max_spec_tokens), as the suite's bounds
-        k = DrafterConfig(**{key: v for key, v in das_ov.items() if key != "draft_threads"}).max_spec_tokens
-        bounds = Bounds.of(sib, [len(r.completion_ids) for r in evals], k)
+        bounds = Bounds.of(sib, [len(r.completion_ids) for r in evals], draft_cap(das_ov))
     print(format_table(results, args.c_base, args.c_tok, args.host_speed, args.async_off_ms, bounds, legend=True))
     print(format_tiers(results))
     if args.json:

@@ -49,7 +49,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Sequence
 
-from das_trl.bench.drafters import ALL_DRAFTERS, COST_AWARE, controller_config, make_drafter
+from das_trl.bench.drafters import ALL_DRAFTERS, COST_AWARE, controller_config, draft_cap, make_drafter
 from das_trl.bench.options import (add_cpu_args, add_engine_args, admission_for, drafter_names, int_or_never,
                                   json_overrides, limits_for, positive_float)
 from das_trl.bench.point import Point
@@ -142,7 +142,7 @@ def run_point(path: Path, epochs: dict, eval_epoch: int, drafters: Sequence[str]
                 replay(name, c_tok, entry=adm) for name in drafters if name in ("none", DEFAULT)]
     # The bounds: oracle-trim of the drafter's own drafts at its cap, oracle-text at that cap, and oracle-trim of the
     # short drafts (SHORT_DRAFTS over the same overrides) unless the drafts are that short already.
-    k = DrafterConfig(**{k: v for k, v in das_overrides.items() if k != "draft_threads"}).max_spec_tokens
+    k = draft_cap(das_overrides)
     short_ov = {**das_overrides, **SHORT_DRAFTS}
     short = None if short_ov == das_overrides or k <= SHORT_DRAFTS["max_spec_tokens"] else \
         replay(BOUND_DRAFTER, c_toks[0], short_ov)

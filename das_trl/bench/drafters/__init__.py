@@ -27,7 +27,8 @@ DEFAULT_DRAFTERS = ALL_DRAFTERS
 #: are re-costed with ``ReplayResult.time_at``).
 COST_AWARE = ("das+controller", "das+cost")
 
-__all__ = ["ALL_DRAFTERS", "COST_AWARE", "DEFAULT_DRAFTERS", "Drafter", "controller_config", "make_drafter"]
+__all__ = ["ALL_DRAFTERS", "COST_AWARE", "DEFAULT_DRAFTERS", "Drafter", "controller_config", "draft_cap",
+           "make_drafter"]
 
 
 def make_drafter(name: str, ngram=(5, 5, 8), policy_config: LengthPolicyConfig | None = None,
@@ -69,6 +70,12 @@ def make_drafter(name: str, ngram=(5, 5, 8), policy_config: LengthPolicyConfig |
     if name == "das+controller":
         return DASControllerDrafter(name, DrafterConfig(), controller_config or ControllerConfig(cost_source="config"))
     raise ValueError(f"unknown drafter {name!r}; choose from {', '.join(ALL_DRAFTERS)}")
+
+
+def draft_cap(das_overrides: dict | None = None) -> int:
+    """The hard draft cap K (``max_spec_tokens``) of :func:`make_drafter`'s DAS drafters under ``das_overrides``:
+    the cap of the replay's and the suite's bounds (``oracle-text``)."""
+    return _DrafterConfig(**{k: v for k, v in (das_overrides or {}).items() if k != "draft_threads"}).max_spec_tokens
 
 
 def controller_config(c_base: float, c_tok: float, overrides: dict | None = None, c_logprob: float | None = None,
