@@ -16,7 +16,6 @@ CLI::
 from __future__ import annotations
 
 import argparse
-import re
 import time
 from typing import Sequence
 
@@ -55,13 +54,10 @@ def _batch_sizes(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"must be comma-separated ints >= 1, got {text!r}") from None
 
 
-def _plain(text: str) -> str:
-    """``text`` without Sphinx roles and literal quotes (``:meth:`X``` -> ``X``), for ``--help``."""
-    return re.sub(r":\w+:`~?([^`]*)`", r"\1", text).replace("``", "")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="das-trl bench controller-speed", description=_plain(__doc__.split("\n\n")[0]))
+    p = argparse.ArgumentParser(prog="das-trl bench controller-speed",
+                                description="Cost of one BudgetController.budgets call (the per-engine-step "
+                                            "controller) on this machine.")
     p.add_argument("--batch", type=_batch_sizes, default="64,256,1024",
                    help="batch sizes to time, comma-separated, each >= 1 (default %(default)s)")
     p.add_argument("--k", type=positive_int, default=16,
