@@ -46,20 +46,35 @@ BENCHES = {
 }
 
 
-def _bench_help() -> None:
-    """Print ``das-trl bench --help``: the benches, each with its line (argparse lays them out; nothing imported)."""
+def _bench_parser() -> argparse.ArgumentParser:
+    """The parser behind ``das-trl bench --help`` and its errors: the benches, each with its line (nothing imported)."""
     p = argparse.ArgumentParser(prog="das-trl bench", usage=f"das-trl bench {{{','.join(BENCHES)}}} ...",
                                 add_help=False, epilog="`das-trl bench NAME --help` describes one "
                                                        "(docs/benchmarks.md: what they measure).")
     sub = p.add_subparsers(title="benches", metavar="NAME")
     for name, (_, text) in BENCHES.items():
         sub.add_parser(name, help=text, add_help=False)
-    p.print_help()
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``das-trl``; returns the process exit code."""
+    """Entry point of ``das-trl``; returns the process exit code: 130 after Ctrl-C, which prints one line instead of
+    the traceback of wherever it landed (``DAS_TRL_TRACEBACK=1``: re-raised)."""
+    import os
+
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _dispatch(argv)
+    except KeyboardInterrupt:
+        if os.environ.get("DAS_TRL_TRACEBACK") == "1":
+            raise
+        command = " ".join(["das-trl"] + argv[:2 if argv[:1] == ["bench"] else 1])
+        print(f"\n{command}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _dispatch(argv: list[str]) -> int:
+    """Parse ``argv`` and run the command it names; returns the exit code."""
     parser = argparse.ArgumentParser(prog="das-trl", description="DAS speculative rollouts for TRL GRPO training")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("serve", help="start a vLLM OpenAI server running the DAS drafter (extra args go to vLLM)",
@@ -85,11 +100,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "bench":
         benches = {name: module for name, (module, _) in BENCHES.items()}
         if len(argv) >= 2 and argv[1] in ("-h", "--help"):
-            _bench_help()
+            _bench_parser().print_help()
             return 0
         if len(argv) < 2 or argv[1] not in benches:
             given = f"unknown bench {argv[1]!r}; " if len(argv) >= 2 else ""
-            parser.error(f"{given}das-trl bench needs one of: {', '.join(benches)} (`das-trl bench NAME --help`)")
+            _bench_parser().error(f"{given}name one of: {', '.join(benches)} (`das-trl bench NAME --help`)")
         import importlib
 
         module = importlib.import_module(benches[argv[1]])

@@ -83,6 +83,27 @@ def test_unwritable_cache_names_das_trl_cache(tmp_path, monkeypatch, capsys):
     assert "DAS_TRL_CACHE" in err and "Traceback" not in err
 
 
+def test_ctrl_c_is_one_line_and_exit_130(tmp_path, monkeypatch, capsys):
+    """Ctrl-C during a command (here the model's conversion) used to end in a traceback from wherever it landed
+    (transformers, scipy) and exit code 1; DAS_TRL_TRACEBACK=1 still shows it."""
+    from das_trl.defaults import model as model_module
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(model_module, "prepare_default_model", interrupted)
+    try:
+        rc = cli_main(["prepare-model", "--cache-dir", str(tmp_path)])
+    except KeyboardInterrupt:  # a failure of this test, not an interrupt of the whole test run
+        pytest.fail("Ctrl-C escaped das-trl's entry point")
+    assert rc == 130
+    err = capsys.readouterr().err
+    assert err.strip() == "das-trl prepare-model: interrupted"
+    monkeypatch.setenv("DAS_TRL_TRACEBACK", "1")
+    with pytest.raises(KeyboardInterrupt):
+        cli_main(["prepare-model", "--cache-dir", str(tmp_path)])
+
+
 def test_bad_record_names_file_and_line(rollouts, capsys):
     lines = rollouts.read_text().splitlines()
     record = json.loads(lines[4])
