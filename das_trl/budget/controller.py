@@ -834,6 +834,13 @@ class BudgetController:
         self.last_expected_makespan = float(makespan)
         return capped
 
+    @property
+    def backend_in_use(self) -> str:
+        """Where this controller's kernels run: ``"native"`` (the drafter's core) or ``"numpy"`` (the reference),
+        resolved as every step resolves it (the config's ``backend``, ``step_token_cap`` and whether the core is
+        built). ``backend="native"`` without the core raises ``ImportError`` here as at a step."""
+        return "numpy" if self._native_kernel() is None else "native"
+
     def _native_kernel(self, name: str = "controller_budgets"):
         """The native kernel ``name`` (``controller_budgets``, ``controller_cut``, ...) when the config's backend
         allows it and the core is built, else ``None`` (numpy). ``step_token_cap > 0`` always runs in numpy (the

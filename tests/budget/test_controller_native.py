@@ -57,6 +57,9 @@ def test_auto_backend_uses_the_kernel_and_step_cap_uses_numpy():
     assert BudgetController(ControllerConfig(backend="python"))._native_kernel() is None
     capped = BudgetController(ControllerConfig(cost_source="config", step_token_cap=4))
     assert capped._native_kernel() is None  # the kernel has no step cap: numpy applies it
+    assert [c.backend_in_use for c in (BudgetController(ControllerConfig()), capped,
+                                       BudgetController(ControllerConfig(backend="python")))] == \
+        ["native", "numpy", "numpy"]
     got = capped.budgets(np.full((3, 8), 0.9), np.zeros(3, np.int64), np.zeros(3, np.int64))
     assert got.sum() <= 4
 
@@ -287,6 +290,7 @@ def test_kernel_scratch_is_kept_per_thread_bounded_and_reported():
     and faulted them in again each time): they grow to the largest batch planned and no further, are reported by
     ``controller_scratch_bytes``, and a thread's are freed when it exits. Results stay the reference's."""
     import threading
+    import time
 
     def plan_on(ctl, n, seed):
         rng = np.random.default_rng(seed)
@@ -316,4 +320,9 @@ def test_kernel_scratch_is_kept_per_thread_bounded_and_reported():
     worker.start()
     worker.join()
     assert seen[0] > grown  # the other thread's own arrays, counted while it lived
-    assert native.load().controller_scratch_bytes() == grown  # and given back when it exited
+    # ... and given back when it exited: its thread_local destructor runs when the OS thread ends, which can be just
+    # after join() returns (Python releases join once the thread's state is gone), so wait for it, boundedly.
+    deadline = time.monotonic() + 10.0
+    while native.load().controller_scratch_bytes() != grown and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert native.load().controller_scratch_bytes() == grown

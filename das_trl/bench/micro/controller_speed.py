@@ -42,7 +42,7 @@ def measure(batch: int, k: int, problems: int, repeats: int, seed: int = 0, back
         ctl.budgets(acc, keys, out_len, rounds, np.full(batch, 2048))
         times.append(1000.0 * (time.perf_counter() - t0))
     med, p90 = float(np.median(times)), float(np.quantile(times, 0.9))
-    ran = "numpy" if ctl._native_kernel() is None else "native"
+    ran = ctl.backend_in_use
     return {"batch": batch, "k": k, "median_ms": med, "p90_ms": p90, "us_per_row": 1000.0 * med / batch, "ran": ran}
 
 
