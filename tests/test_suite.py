@@ -164,3 +164,21 @@ def test_help_shows_the_cost_model_defaults_and_lists_the_drafters_as_replay_doe
     assert "ALL_DRAFTERS" not in out
     args = suite.parse_args(["--sets", "x"])
     assert (args.c_base, args.c_tok, args.early_appearance) == (7.0, [0.025], 7)
+
+
+def test_json_names_the_code_checked_out_when_the_run_started(sets, tmp_path, monkeypatch):
+    """A commit made while the suite runs is not the code that ran: the JSON used to name the checkout's commit at
+    the time it was written."""
+    checkout = {"das_trl_commit": "start"}
+    monkeypatch.setattr(suite, "provenance", lambda: dict(checkout))
+    run_point = suite.run_point
+
+    def commit_meanwhile(*args, **kwargs):
+        checkout["das_trl_commit"] = "committed-during-the-run"
+        return run_point(*args, **kwargs)
+
+    monkeypatch.setattr(suite, "run_point", commit_meanwhile)
+    out = tmp_path / "suite.json"
+    assert suite.main(["--sets", str(sets / "synthetic.jsonl"), "--c-tok", "0.025", "--early-appearance", "-1",
+                       "--drafters", "none", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["das_trl_commit"] == "start"

@@ -414,9 +414,10 @@ def oracle_text_trace(lengths: Sequence[int], c_base: float, c_tok: float, k: in
     return _thin(trace, max_points)
 
 
-def _provenance() -> dict:
+def provenance() -> dict:
     """Where the CPU times were measured (``host``: CPU count, architecture, CPU model) and the code that ran
-    (``das_trl_commit``: the checkout's commit, ``+changes`` when das_trl/ differs from it; absent outside git)."""
+    (``das_trl_commit``: the checkout's commit, ``+changes`` when das_trl/ differs from it; absent outside git).
+    Take it when a run starts: a commit made while the run goes on is not the code that ran."""
     import os
     import platform
     import subprocess
@@ -442,13 +443,14 @@ def _provenance() -> dict:
 
 
 def write_suite_json(path: str | Path, settings: dict, points: Sequence[Point], c_base: float,
-                     c_toks: Sequence[float], host_speed: float = 1.0, async_off_ms: float = 0.0) -> None:
+                     c_toks: Sequence[float], host_speed: float = 1.0, async_off_ms: float = 0.0,
+                     code: dict | None = None) -> None:
     """Write a suite's ``settings``, its summary rows (:func:`summary_rows`) and, per replay point and cost model,
     the ratios (bounds included), every result's summary with its times with and without the CPU, the running
     requests over the time with the CPU per drafter and for ``oracle-text`` (``traces``: :func:`running_trace`),
     the ratios and summaries of its variants (``variants``: another verification shape, admission), the bounds'
-    counts, and where and with which code it ran (:func:`_provenance`), as JSON (gzipped when ``path``
-    ends in ``.gz``)."""
+    counts, and where and with which code it ran (``code``: :func:`provenance` taken when the run started; default:
+    taken now), as JSON (gzipped when ``path`` ends in ``.gz``)."""
     def traces(p: Point, c: float) -> dict:
         out = {r.name: running_trace(r, c_base, c, host_speed, async_off_ms) for r in p.results[c]}
         if p.bounds is not None and p.results[c]:
@@ -470,7 +472,8 @@ def write_suite_json(path: str | Path, settings: dict, points: Sequence[Point], 
                                     for c in c_toks if c in by_c}
                              for name, by_c in p.variants.items()}}
 
-    payload = dict(settings, host_speed=host_speed, async_off_ms=async_off_ms, **_provenance(),
+    code = provenance() if code is None else code
+    payload = dict(settings, host_speed=host_speed, async_off_ms=async_off_ms, **code,
                    summary=summary_rows(points, c_base, c_toks, host_speed, async_off_ms),
                    points=[point(p) for p in points])
     Path(path).parent.mkdir(parents=True, exist_ok=True)

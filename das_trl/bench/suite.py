@@ -54,7 +54,8 @@ from das_trl.bench.options import (add_cpu_args, add_engine_args, admission_for,
                                   json_overrides, limits_for, positive_float)
 from das_trl.bench.point import Point
 from das_trl.bench.reliability import format_reliability, write_reliability_plot
-from das_trl.bench.report import DEFAULT, format_point, format_summary, format_table, write_plot, write_suite_json
+from das_trl.bench.report import (DEFAULT, format_point, format_summary, format_table, provenance, write_plot,
+                                  write_suite_json)
 from das_trl.bench.sets import find_sets, load_epochs, set_name, split_epochs
 from das_trl.bench.simulation import Admission, Bounds, ReplayResult, simulate
 from das_trl.budget import ControllerConfig
@@ -194,6 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     drafters = drafter_names(args.drafters, ALL_DRAFTERS)  # before any replay runs, not minutes into one
     das_ov = json_overrides(args.das_config, "--das-config", DrafterConfig)
     ctl_ov = json_overrides(args.controller, "--controller", ControllerConfig)
+    code = provenance() if args.json else None  # the code that runs, not what is checked out at the end
     points: list[Point] = []
     for path in find_sets(args.sets):
         epochs = load_epochs(path)
@@ -233,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      {"token_budget": args.admission, "max_num_seqs": args.max_num_seqs,
                                       "prefix_cache": not args.no_prefix_cache},
                                      "verify_limit": args.verify_limit},
-                         points, args.c_base, args.c_tok, args.host_speed, args.async_off_ms)
+                         points, args.c_base, args.c_tok, args.host_speed, args.async_off_ms, code)
         print(f"wrote {args.json}")
     if args.plots:
         if rel:
