@@ -48,7 +48,7 @@ BENCHES = {
 
 def _bench_parser() -> argparse.ArgumentParser:
     """The parser behind ``das-trl bench --help`` and its errors: the benches, each with its line (nothing imported)."""
-    p = argparse.ArgumentParser(prog="das-trl bench", usage=f"das-trl bench {{{','.join(BENCHES)}}} ...",
+    p = argparse.ArgumentParser(prog="das-trl bench", usage=f"das-trl bench [-h] {{{','.join(BENCHES)}}} ...",
                                 add_help=False, epilog="`das-trl bench NAME --help` describes one "
                                                        "(docs/benchmarks.md: what they measure).")
     sub = p.add_subparsers(title="benches", metavar="NAME")

@@ -33,7 +33,7 @@ def test_bench_help_lists_the_benches_and_exits_0(capsys):
     for flag in ("--help", "-h"):
         assert cli_main(["bench", flag]) == 0
         out = capsys.readouterr().out
-        assert out.startswith("usage: das-trl bench {") and "replay" in out and "suite" in out
+        assert out.startswith("usage: das-trl bench [-h] {") and "replay" in out and "suite" in out
 
 
 def test_cost_model_values_not_above_zero_are_named_before_any_set_is_loaded(tmp_path, capsys):
@@ -88,7 +88,7 @@ def test_unknown_bench_is_named(capsys):
     err = capsys.readouterr().err
     assert "das-trl bench: error: unknown bench 'bogus'; name one of: replay," in err
     # the usage shown is the bench's, not the top-level one (which lists serve, doctor, ...)
-    assert err.startswith("usage: das-trl bench {replay,") and "serve" not in err
+    assert err.startswith("usage: das-trl bench [-h] {replay,") and "serve" not in err
 
 
 def test_bench_help_says_what_each_bench_measures(capsys):
@@ -97,7 +97,7 @@ def test_bench_help_says_what_each_bench_measures(capsys):
 
     assert cli_main(["bench", "--help"]) == 0
     out = capsys.readouterr().out
-    names = re.match(r"usage: das-trl bench \{([^}]*)\}", out).group(1).split(",")
+    names = re.match(r"usage: das-trl bench \[-h\] \{([^}]*)\}", out).group(1).split(",")
     assert len(names) == 10
     for name in names:
         assert re.search(rf"^ +{re.escape(name)}\s+\w.{{20,}}$", out, re.M), (name, out)  # a long name: next line
@@ -134,5 +134,5 @@ def test_top_level_help_lists_the_benches_in_the_order_of_bench_help(monkeypatch
     listed = re.search(r"`das-trl bench ([\w|-]+) \.\.\.`", capsys.readouterr().out).group(1).split("|")
     assert listed == list(BENCHES)
     assert cli_main(["bench", "--help"]) == 0
-    usage = re.match(r"usage: das-trl bench \{([^}]*)\}", capsys.readouterr().out).group(1).split(",")
+    usage = re.match(r"usage: das-trl bench \[-h\] \{([^}]*)\}", capsys.readouterr().out).group(1).split(",")
     assert usage == listed
