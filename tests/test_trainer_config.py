@@ -7,7 +7,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from das_trl.drafter import DrafterConfig
 from das_trl.trainer.config import das_settings, drafter_config_fields, validate_das_settings
 from reliability_fakes import K, FakeWorker
 

@@ -83,7 +83,6 @@ class Engine:
     def run(self, steps: int, on_step) -> None:
         for _ in range(4):
             self.start()
-        outs = [None] * len(self.d)
         for step in range(steps):
             ids = list(self.live)
             zero = self.rng.random() < 0.5
