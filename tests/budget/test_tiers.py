@@ -1,6 +1,5 @@
 """LengthPolicy: tiers from histories, promotion, drain growth, step cap, unseen prior, cost-mode optimum."""
 
-
 import numpy as np
 import pytest
 
