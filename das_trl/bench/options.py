@@ -271,3 +271,27 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be an int >= 1, got {text!r}")
     return value
+
+
+def non_negative_int(text: str) -> int:
+    """argparse ``type=``: an int >= 0 (``ArgumentTypeError`` naming the text otherwise: exit 2 with ``argument
+    --NAME: must be an int >= 0, got ...``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an int >= 0, got {text!r}")
+    return value
+
+
+def positive_int_list(text: str) -> list[int]:
+    """argparse ``type=``: comma-separated ints >= 1 (``64,256,1024``), as a ``list[int]``.
+
+    Raises:
+        argparse.ArgumentTypeError: an empty item, a non-int or an int < 1.
+    """
+    try:
+        return [positive_int(x) for x in text.split(",")]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"must be comma-separated ints >= 1, got {text!r}") from None

@@ -21,7 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
-from das_trl.bench.options import positive_int
+from das_trl.bench.options import positive_int, positive_int_list
 from das_trl.budget import BudgetController, ControllerConfig
 
 
@@ -46,19 +46,12 @@ def measure(batch: int, k: int, problems: int, repeats: int, seed: int = 0, back
     return {"batch": batch, "k": k, "median_ms": med, "p90_ms": p90, "us_per_row": 1000.0 * med / batch, "ran": ran}
 
 
-def _batch_sizes(text: str) -> list[int]:
-    """argparse type of ``--batch``: comma-separated ints >= 1 (``64,256,1024``)."""
-    try:
-        return [positive_int(x) for x in text.split(",")]
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"must be comma-separated ints >= 1, got {text!r}") from None
-
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="das-trl bench controller-speed",
                                 description="Cost of one BudgetController.budgets call (the per-engine-step "
                                             "controller) on this machine.")
-    p.add_argument("--batch", type=_batch_sizes, default="64,256,1024",
+    p.add_argument("--batch", type=positive_int_list, default="64,256,1024",
                    help="batch sizes to time, comma-separated, each >= 1 (default %(default)s)")
     p.add_argument("--k", type=positive_int, default=16,
                    help="draft width: acceptance estimates per row, >= 1 (default %(default)s)")
