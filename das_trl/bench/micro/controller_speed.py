@@ -46,7 +46,6 @@ def measure(batch: int, k: int, problems: int, repeats: int, seed: int = 0, back
     return {"batch": batch, "k": k, "median_ms": med, "p90_ms": p90, "us_per_row": 1000.0 * med / batch, "ran": ran}
 
 
-
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="das-trl bench controller-speed",
                                 description="Cost of one BudgetController.budgets call (the per-engine-step "
