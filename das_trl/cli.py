@@ -76,7 +76,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _dispatch(argv: list[str]) -> int:
     """Parse ``argv`` and run the command it names; returns the exit code."""
+    from das_trl import __version__
+
     parser = argparse.ArgumentParser(prog="das-trl", description="DAS speculative rollouts for TRL GRPO training")
+    parser.add_argument("--version", action="version", version=f"das-trl {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("serve", help="start a vLLM OpenAI server running the DAS drafter (extra args go to vLLM)",
                    add_help=False)

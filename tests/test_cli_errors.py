@@ -83,6 +83,15 @@ def test_unwritable_cache_names_das_trl_cache(tmp_path, monkeypatch, capsys):
     assert "DAS_TRL_CACHE" in err and "Traceback" not in err
 
 
+def test_version(capsys):
+    """``das-trl --version`` prints the package's version (it used to fail: the command was required)."""
+    import das_trl
+
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["--version"])
+    assert exc.value.code == 0 and capsys.readouterr().out == f"das-trl {das_trl.__version__}\n"
+
+
 def test_ctrl_c_is_one_line_and_exit_130(tmp_path, monkeypatch, capsys):
     """Ctrl-C during a command (here the model's conversion) used to end in a traceback from wherever it landed
     (transformers, scipy) and exit code 1; DAS_TRL_TRACEBACK=1 still shows it."""
