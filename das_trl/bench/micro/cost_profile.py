@@ -22,26 +22,84 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from pathlib import Path
 from typing import Sequence
 
+from das_trl.bench.options import positive_int, positive_int_list
 from das_trl.budget.cost_model import fit_linear
+
+#: The ``--dtype`` names (torch attribute names).
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def model_arg(text: str) -> str:
+    """argparse ``type=`` of ``--model``: a hub name (``ORG/NAME``, passed on as-is: transformers downloads it) or a
+    local path, which must exist and, when a folder, hold ``config.json`` (``~`` expanded).
+
+    Raises:
+        argparse.ArgumentTypeError: a local-looking path (:func:`das_trl.vllm.serve.looks_local`) that does not
+            exist, or a folder without ``config.json``.
+    """
+    from das_trl.vllm.serve import looks_local  # imports torch, not vLLM
+
+    path = os.path.expanduser(text)
+    if not (looks_local(text) or os.path.exists(path)):
+        return text  # a hub name
+    if not os.path.exists(path):
+        raise argparse.ArgumentTypeError(f"local path {text!r} does not exist (give a model folder or a hub name "
+                                         "such as Qwen/Qwen2.5-0.5B)")
+    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")):
+        raise argparse.ArgumentTypeError(f"folder {text!r} holds no config.json (not a Hugging Face model folder)")
+    return path
+
+
+def device_arg(text: str) -> str:
+    """argparse ``type=`` of ``--device``: ``cpu``, ``cuda`` or ``cuda:N`` (the passes are timed with CUDA's
+    synchronisation only), CUDA only where torch sees it.
+
+    Raises:
+        argparse.ArgumentTypeError: not a torch device string, another device type, or CUDA (or that CUDA device)
+            unavailable.
+    """
+    import torch
+
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"must be cpu, cuda or cuda:N, got {text!r}") from None
+    if device.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"must be cpu, cuda or cuda:N (the bench times CPU and CUDA passes only), "
+                                         f"got {text!r}")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise argparse.ArgumentTypeError(f"{text!r}: CUDA is not available on this machine (torch "
+                                             f"{torch.__version__}); use --device cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise argparse.ArgumentTypeError(f"{text!r}: no such CUDA device ({torch.cuda.device_count()} visible)")
+    return text
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="das-trl bench cost-profile", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=None, help="model path or hub name (default: the embedded SmolLM2-135M)")
+    p.add_argument("--model", type=model_arg, default=None,
+                   help="model path or hub name (default: the embedded SmolLM2-135M)")
     p.add_argument("--random-init", action="store_true",
                    help="build the model from --model's config.json with random weights (no weights needed)")
-    p.add_argument("--batch", default="1,4,16,64", help="comma-separated requests per pass (B)")
-    p.add_argument("--query", default="1,4,8,16", help="comma-separated tokens per request per pass (q = 1 + draft)")
-    p.add_argument("--context", type=int, default=256, help="KV-cache length per request before the pass (tokens)")
-    p.add_argument("--repeats", type=int, default=5, help="timed passes per grid point (the median is kept)")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--dtype", default=None, help="float32 / bfloat16 / float16 (default: float32 on CPU, bfloat16 "
-                                                 "on GPU)")
+    p.add_argument("--batch", type=positive_int_list, default="1,4,16,64",
+                   help="comma-separated requests per pass (B)")
+    p.add_argument("--query", type=positive_int_list, default="1,4,8,16",
+                   help="comma-separated tokens per request per pass (q = 1 + draft)")
+    p.add_argument("--context", type=positive_int, default=256,
+                   help="KV-cache length per request before the pass (tokens, >= 1)")
+    p.add_argument("--repeats", type=positive_int, default=5,
+                   help="timed passes per grid point (the median is kept)")
+    p.add_argument("--device", type=device_arg, default=None,
+                   help="cpu, cuda or cuda:N (default: cuda when available)")
+    p.add_argument("--dtype", choices=DTYPES, default=None,
+                   help="float32 / bfloat16 / float16 (default: float32 on CPU, bfloat16 on GPU)")
     p.add_argument("--json", default=None, help="write the measurements and the fit to this JSON file")
     return p.parse_args(argv)
 
@@ -89,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from transformers import AutoModelForCausalLM
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = getattr(torch, args.dtype or ("float32" if device == "cpu" else "bfloat16"))
+    dtype = getattr(torch, args.dtype or ("float32" if torch.device(device).type == "cpu" else "bfloat16"))
     model_path = args.model
     if model_path is None:
         from das_trl.defaults.model import prepare_default_model
@@ -102,8 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device).eval()
     params = sum(p.numel() for p in model.parameters())
-    batches = [int(x) for x in args.batch.split(",")]
-    queries = [int(x) for x in args.query.split(",")]
+    batches, queries = args.batch, args.query
     print(f"cost profile of {model_path} ({params / 1e9:.2f}B parameters{', random weights' if args.random_init else ''})"
           f" on {device} ({dtype}), context {args.context} tokens, threads {torch.get_num_threads()}")
     rows = measure(model, batches, queries, args.context, args.repeats, device)
