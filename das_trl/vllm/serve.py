@@ -61,7 +61,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--num-speculative-tokens", type=int, default=DEFAULT_NUM_SPECULATIVE_TOKENS,
                         help="K: most draft tokens per request per verification round (1 to 64: the native "
-                             "drafter core's cap; vLLM verifies at most 128)")
+                             "drafter core's cap; vLLM verifies at most 128; default %(default)s)")
     parser.add_argument("--drafter-config", default="", help="JSON object of DrafterConfig fields")
     parser.add_argument("--gpu-memory-utilization", type=float, default=None,
                         help="vLLM memory fraction (on CPU builds: fraction of RAM for the KV cache; default 0.3 "
