@@ -295,3 +295,71 @@ def positive_int_list(text: str) -> list[int]:
         return [positive_int(x) for x in text.split(",")]
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"must be comma-separated ints >= 1, got {text!r}") from None
+
+
+def output_file(text: str) -> str:
+    """argparse ``type=`` of an output file option (``--json``, ``--out``): checked as the options are parsed, before
+    anything runs, so that a path that cannot be written fails in a second, not after the run. Creates nothing (the
+    write probe is an unnamed temporary file), and returns ``text`` unchanged; the writer creates missing folders.
+
+    Checked: ``text`` is not empty and not an existing directory; an existing file is writable; otherwise the nearest
+    existing folder above it is a folder this process can create files in (by ``os.access`` and by opening an unnamed
+    temporary file there, which also catches what ``os.access`` does not: root in ``/proc``, a read-only mount).
+    A disk removed during the run can still fail the write at the end.
+
+    Raises:
+        argparse.ArgumentTypeError: ``cannot write PATH (why)``, which argparse prints as ``argument --NAME: cannot
+            write PATH (why)`` with exit code 2.
+    """
+    import os
+
+    if not text:
+        raise argparse.ArgumentTypeError("cannot write '' (give a file path)")
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"cannot write {text} (it is a directory; give a file path)")
+    if os.path.exists(text):
+        if not os.access(text, os.W_OK):
+            raise argparse.ArgumentTypeError(f"cannot write {text} (the file exists and is not writable)")
+        return text
+    _check_can_create(text, os.path.dirname(os.path.abspath(text)))
+    return text
+
+
+def output_dir(text: str) -> str:
+    """argparse ``type=`` of an output folder option (``--plots``, ``--cache``): checked as the options are parsed,
+    before anything runs. Creates nothing and returns ``text`` unchanged; the writer creates the folder.
+
+    Checked: ``text`` is not empty; an existing path is a folder this process can create files in; otherwise the
+    nearest existing folder above it is (the same checks as :func:`output_file`).
+
+    Raises:
+        argparse.ArgumentTypeError: ``cannot write PATH (why)`` (argparse: ``argument --NAME: ...``, exit code 2).
+    """
+    import os
+
+    if not text:
+        raise argparse.ArgumentTypeError("cannot write '' (give a folder path)")
+    if os.path.lexists(text) and not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"cannot write {text} (it exists and is not a folder)")
+    _check_can_create(text, os.path.abspath(text))
+    return text
+
+
+def _check_can_create(text: str, folder: str) -> None:
+    """``argparse.ArgumentTypeError`` naming ``text`` unless files can be created in ``folder`` or, where it does not
+    exist yet, in the nearest existing folder above it (where the writer's ``mkdir(parents=True)`` starts)."""
+    import os
+    import tempfile
+
+    while not os.path.lexists(folder):
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"cannot write {text} ({folder} is not a folder)")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"cannot write {text} (no permission to create files in {folder})")
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"cannot write {text} (cannot create files in {folder}: "
+                                         f"{exc.strerror or exc})") from None

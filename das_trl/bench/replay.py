@@ -53,7 +53,7 @@ from das_trl.drafter import DrafterConfig
 from das_trl.bench.drafters import ALL_DRAFTERS, DEFAULT_DRAFTERS, controller_config, draft_cap, make_drafter
 from das_trl.bench.drafters.suffix import SUFFIX_DEFAULTS
 from das_trl.bench.options import (add_cpu_args, add_engine_args, admission_for, drafter_names, epoch_list,
-                                  json_overrides, limits_for, ngram_spec, positive_float)
+                                  json_overrides, limits_for, ngram_spec, output_dir, output_file, positive_float)
 from das_trl.bench.report import format_table, format_tiers, write_plots, write_replay_json
 from das_trl.bench.sets import load_epochs, split_epochs
 from das_trl.bench.simulation import Bounds, simulate
@@ -90,8 +90,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-warmup", action="store_true",
                    help="load every history epoch directly, without first serving the last one (drafters then start "
                         "the replayed epoch with nothing learned from verification)")
-    p.add_argument("--json", default=None, help="write results to this JSON file")
-    p.add_argument("--plots", default=None, help="write PNG plots into this directory")
+    p.add_argument("--json", type=output_file, default=None, help="write results to this JSON file")
+    p.add_argument("--plots", type=output_dir, default=None, help="write PNG plots into this directory")
     add_cpu_args(p)
     add_engine_args(p)
     return p.parse_args(argv)
@@ -115,8 +115,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     das_ov = json_overrides(args.das_config, "--das-config", DrafterConfig)
     if das_ov:
         DrafterConfig(**das_ov)  # its values too, before any drafter runs
-    if args.json and Path(args.json).is_dir():
-        raise ValueError(f"--json {args.json} is a directory; give a file path")
     if not Path(args.rollouts).exists():
         raise FileNotFoundError(f"--rollouts {args.rollouts}: no such file. Next step: record rollouts with the "
                                 "trainer's das_record_rollouts (bash scripts/main_job.sh writes "

@@ -51,7 +51,7 @@ from typing import Callable, Sequence
 
 from das_trl.bench.drafters import ALL_DRAFTERS, COST_AWARE, controller_config, draft_cap, make_drafter
 from das_trl.bench.options import (add_cpu_args, add_engine_args, admission_for, drafter_names, int_or_never,
-                                  json_overrides, limits_for, positive_float)
+                                  json_overrides, limits_for, output_dir, output_file, positive_float)
 from das_trl.bench.point import Point
 from das_trl.bench.reliability import format_reliability, write_reliability_plot
 from das_trl.bench.report import (DEFAULT, format_point, format_summary, format_table, provenance, write_plot,
@@ -183,10 +183,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-warmup", action="store_true", help="see das-trl bench replay --no-warmup")
     add_cpu_args(p)
     add_engine_args(p, shapes=True)
-    p.add_argument("--cache", default=None, help="folder for results of the cost-independent drafters (reused when "
-                                                 "the same file, appearance and settings are replayed again)")
-    p.add_argument("--json", default=None, help="write every result to this JSON file")
-    p.add_argument("--plots", default=None, help="write one PNG per replay point and cost model into this folder")
+    p.add_argument("--cache", type=output_dir, default=None,
+                   help="folder for results of the cost-independent drafters (reused when the same file, appearance "
+                        "and settings are replayed again)")
+    p.add_argument("--json", type=output_file, default=None, help="write every result to this JSON file")
+    p.add_argument("--plots", type=output_dir, default=None,
+                   help="write one PNG per replay point and cost model into this folder")
     return p.parse_args(argv)
 
 

@@ -43,11 +43,13 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import sys
 import time
 
 import numpy as np
 
+from das_trl.bench.options import output_file
 from das_trl.drafter import DrafterConfig, RolloutHistory, create_drafter
 from das_trl.drafter.digest import state_digest
 
@@ -241,14 +243,20 @@ def main(argv: list[str] | None = None) -> int:
                     help="the drafter: native (the engine's, default) or python (the reference; needs arctic-inference)")
     ap.add_argument("--max-tree-depth", type=int, default=None,
                     help="the drafter's tree depth (default: DrafterConfig's, 64)")
-    ap.add_argument("--json", default=None, help="also write the result to this file")
+    ap.add_argument("--json", type=output_file, default=None, help="also write the result to this file")
     args = ap.parse_args(argv)
     if args.rollouts is not None:
         try:
+            if not os.path.isfile(args.rollouts):  # named before the drafter is built, as bench replay names it
+                raise FileNotFoundError(f"--rollouts {args.rollouts}: "
+                                        f"{'a directory' if os.path.isdir(args.rollouts) else 'no such file'}; give a "
+                                        "rollouts file (JSONL, .gz too): das_record_rollouts writes one, "
+                                        "benchmarks/sets/ has recorded ones")
             result = run_recorded(args.rollouts, args.window, args.budget, args.backend, args.max_tree_depth)
         except (OSError, ValueError) as exc:
-            print(f"das-trl bench history-memory: {exc}", file=sys.stderr)
-            return 2
+            from das_trl.cli import _bad_input  # the one-line error every das-trl command prints
+
+            return _bad_input("das-trl bench history-memory", exc)
     else:
         result = run(args.problems, args.samples, args.appearances, args.length, args.window,
                      200_000 if args.budget is None else args.budget, args.problems_per_step, seed=args.seed,
@@ -262,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
           f"MiB; RSS +{(result['rss_final_bytes'] - result['rss_baseline_bytes']) / 2**20:.0f} MiB, peak "
           f"+{(result['rss_peak_bytes'] - result['rss_baseline_bytes']) / 2**20:.0f} MiB)")
     if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
     if args.rollouts is not None:

@@ -18,6 +18,7 @@ import os
 import time
 from pathlib import Path
 
+from das_trl.bench.options import output_file
 from das_trl.drafter.rollout_log import RolloutRecord, append_records
 
 
@@ -34,7 +35,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--kv-cache-bytes", type=int, default=1 << 30)
     p.add_argument("--max-model-len", type=int, default=1024)
-    p.add_argument("--out", required=True, help="JSONL file (appended to; refuses an existing one unless --force)")
+    p.add_argument("--out", type=output_file, required=True, help="JSONL file (appended to; refuses an existing one unless --force)")
     p.add_argument("--force", action="store_true", help="overwrite an existing --out")
     return p.parse_args(argv)
 

@@ -24,6 +24,8 @@ import statistics
 import sys
 from typing import Any, Callable
 
+from das_trl.bench.options import output_file
+
 
 def group_spread(rewards: list[list[float]], correct: list[list[float]] | None = None) -> dict[str, Any]:
     """Summarise per-group rewards.
@@ -87,7 +89,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                                                          "equation")
     p.add_argument("--seed", type=int, default=0, help="dataset and engine seed")
     p.add_argument("--dtype", default="float32")
-    p.add_argument("--out", default=None, help="JSONL file for every completion and its rewards")
+    p.add_argument("--out", type=output_file, default=None, help="JSONL file for every completion and its rewards")
     return p.parse_args(argv)
 
 
@@ -111,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = AutoTokenizer.from_pretrained(model)
     llm = LLM(model=model, dtype=args.dtype, enforce_eager=True, kv_cache_memory_bytes=1 << 30, max_model_len=1024,
               max_num_seqs=256, seed=args.seed)
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     dump = open(args.out, "w") if args.out else None
     for task, task_config in tasks:
         data = load_reasoning_gym_dataset(task, size=args.problems, seed=args.seed, task_config=task_config or None,
