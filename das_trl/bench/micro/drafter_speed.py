@@ -28,16 +28,25 @@ little").
 from __future__ import annotations
 
 import argparse
+import re
 import threading
 import time
 from types import SimpleNamespace
 
 import numpy as np
 
+from das_trl.bench.options import non_negative_int, positive_int, positive_int_list
+from das_trl.budget.gate import MAX_CAP
 from das_trl.drafter import DrafterConfig
 
 SUFFIX = dict(max_tree_depth=24, num_speculative_tokens=24, max_spec_factor=1.0, min_token_prob=0.1,
               max_cached_requests=10000)
+
+#: Tokens of every synthetic prompt: a live request's ``--context`` includes its prompt, so it is at least this long
+#: (a shorter one ends inside the prompt, and the controller's plan fails on its negative output length).
+PROMPT_TOKENS = 64
+#: Token ids are ``int32`` (0 .. vocab - 1).
+_MAX_VOCAB = 2**31
 
 
 class Workload:
@@ -46,7 +55,7 @@ class Workload:
     def __init__(self, problems: int, vocab: int, length: int, seed: int) -> None:
         self.rng = np.random.default_rng(seed)
         self.vocab = vocab
-        self.prompts = [self.rng.integers(0, vocab, 64).astype(np.int32) for _ in range(problems)]
+        self.prompts = [self.rng.integers(0, vocab, PROMPT_TOKENS).astype(np.int32) for _ in range(problems)]
         self.templates = [self.rng.integers(0, vocab, length).astype(np.int32) for _ in range(problems)]
         self.phrases = self.rng.integers(0, vocab, (64, 24)).astype(np.int32)
 
@@ -109,7 +118,7 @@ def run_batch(kind: str, wl: Workload, history: list[tuple[list, list]], batch: 
     for r in range(batch):
         fb.req_ids.append(f"r{r}")
         fb.req_id_to_index[f"r{r}"] = r
-        fb.num_prompt_tokens[r] = 64
+        fb.num_prompt_tokens[r] = PROMPT_TOKENS
     if kind == "das":
         from das_trl.vllm.proposer import DASProposer
 
@@ -167,7 +176,7 @@ def run_batch(kind: str, wl: Workload, history: list[tuple[list, list]], batch: 
     for r in range(batch):
         fb.token_ids_cpu[r, :context] = truths[r][:context]
         fb.num_tokens_no_spec[r] = context
-        sampled.append(truths[r][64:context].tolist())
+        sampled.append(truths[r][PROMPT_TOKENS:context].tolist())
     drafts = call(sampled)
     wall = cpu = 0.0
     rows = tokens = 0
@@ -277,39 +286,105 @@ def push_and_stall(wl: Workload, batch: int, push_tokens: int, k: int, backend: 
     return out
 
 
+def _int_in(low: int, high: int):
+    """argparse ``type=``: an int in ``[low, high]`` (``ArgumentTypeError`` naming the range and the text)."""
+    def check(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be an int in [{low}, {high}], got {text!r}")
+        return value
+    return check
+
+
+def _contexts(text: str) -> list[int]:
+    """argparse ``type=`` of ``--context``: comma-separated ints >= :data:`PROMPT_TOKENS`."""
+    try:
+        values = positive_int_list(text)
+    except argparse.ArgumentTypeError:
+        values = [0]
+    if min(values) < PROMPT_TOKENS:
+        raise argparse.ArgumentTypeError(f"must be comma-separated ints >= {PROMPT_TOKENS} (the prompt's tokens "
+                                         f"included), got {text!r}")
+    return values
+
+
+def _skips(text: str) -> set[tuple[int, int]]:
+    """argparse ``type=`` of ``--skip``: comma-separated ``BATCHxCONTEXT`` items (``''``: none), as a set of pairs."""
+    out = set()
+    for item in text.split(",") if text else ():
+        m = re.fullmatch(r"\s*(\d+)x(\d+)\s*", item)
+        if not m:
+            raise argparse.ArgumentTypeError(f"must be comma-separated BATCHxCONTEXT items, e.g. 1024x16384, got "
+                                             f"{text!r}")
+        out.add((int(m.group(1)), int(m.group(2))))
+    return out
+
+
+def _forward_ms(text: str) -> float:
+    """argparse ``type=`` of ``--forward-ms``: a number in [0, 60000] (nan rejected)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 60_000.0:
+        raise argparse.ArgumentTypeError(f"must be a number of ms in [0, 60000], got {text!r}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark (``das-trl bench drafter-speed``); prints figures, returns 0."""
+    """Run the benchmark (``das-trl bench drafter-speed``); prints figures, returns 0 (argparse exits 2, naming the
+    option, on a bad value before anything runs)."""
     ap = argparse.ArgumentParser(prog="das-trl bench drafter-speed", description=__doc__.splitlines()[0])
-    ap.add_argument("--compare", default="suffix", help="baseline proposer: 'suffix' or 'none'")
-    ap.add_argument("--batch", default="256,1024", help="running requests per engine step (comma-separated)")
-    ap.add_argument("--context", default="1024,16384", help="tokens per request before timing (comma-separated)")
-    ap.add_argument("--rounds", type=int, default=20, help="timed engine steps per configuration")
-    ap.add_argument("--samples", type=int, default=8, help="history rollouts per problem per appearance")
-    ap.add_argument("--appearances", type=int, default=2, help="history steps pushed before timing (default: 2)")
-    ap.add_argument("--history-tokens", type=int, default=2_000_000, help="cap of the history pushed first")
-    ap.add_argument("--push-tokens", type=int, default=4_000_000, help="size of the timed push (0: skip)")
-    ap.add_argument("--k", type=int, default=16, help="DAS num_speculative_tokens")
-    ap.add_argument("--backend", default="native", choices=("native", "python"))
-    ap.add_argument("--vocab", type=int, default=32000, help="token ids of the synthetic workload (default: 32000)")
-    ap.add_argument("--seed", type=int, default=0, help="workload seed (default: 0)")
-    ap.add_argument("--skip", default="", help="configurations to skip, e.g. '1024x16384'")
+    ap.add_argument("--compare", default="suffix", choices=("suffix", "none"),
+                    help="baseline proposer: 'suffix' (vLLM's) or 'none' (default %(default)s)")
+    ap.add_argument("--batch", type=positive_int_list, default="256,1024",
+                    help="running requests per engine step, comma-separated, each >= 1 (default %(default)s)")
+    ap.add_argument("--context", type=_contexts, default="1024,16384",
+                    help=f"tokens per request before timing (its {PROMPT_TOKENS}-token prompt included), "
+                         f"comma-separated, each >= {PROMPT_TOKENS} (default %(default)s)")
+    ap.add_argument("--rounds", type=positive_int, default=20,
+                    help="timed engine steps per configuration, >= 1 (default %(default)s)")
+    ap.add_argument("--samples", type=positive_int, default=8,
+                    help="history rollouts per problem per appearance, >= 1 (default %(default)s)")
+    ap.add_argument("--appearances", type=positive_int, default=2,
+                    help="history steps pushed before timing, >= 1 (default %(default)s)")
+    ap.add_argument("--history-tokens", type=non_negative_int, default=2_000_000,
+                    help="cap of the history pushed first, >= 0 (rollouts are at least 64 tokens whatever the cap; "
+                         "default %(default)s)")
+    ap.add_argument("--push-tokens", type=non_negative_int, default=4_000_000,
+                    help="size of the timed push, >= 0 (0: skip; default %(default)s)")
+    ap.add_argument("--k", type=_int_in(1, MAX_CAP), default=16,
+                    help=f"DAS num_speculative_tokens, in [1, {MAX_CAP}] (the native core's cap; default "
+                         f"%(default)s)")
+    ap.add_argument("--backend", default="native", choices=("native", "python"),
+                    help="the DAS drafter's backend (default %(default)s)")
+    ap.add_argument("--vocab", type=_int_in(2, _MAX_VOCAB), default=32000,
+                    help=f"token ids of the synthetic workload, in [2, {_MAX_VOCAB}] (default %(default)s)")
+    ap.add_argument("--seed", type=non_negative_int, default=0, help="workload seed, >= 0 (default %(default)s)")
+    ap.add_argument("--skip", type=_skips, default="",
+                    help="configurations to skip, comma-separated BATCHxCONTEXT items, e.g. '1024x16384' "
+                         "(default: none)")
     ap.add_argument("--workload", default="drafting", choices=("drafting", "silent"),
                     help="'drafting': outputs close to the history (most rows draft); 'silent': random outputs, "
-                         "nothing pays, the plan stops drafting (what a step costs when nothing pays)")
-    ap.add_argument("--warmup-rounds", type=int, default=5,
-                    help="untimed engine steps before the timed ones (the plan learns the acceptance)")
-    ap.add_argument("--forward-ms", type=float, default=0.0,
-                    help="emulated forward pass between engine steps (ms, untimed; e.g. 7, the paper's c_base): what "
-                         "the drafter's ingest thread does meanwhile leaves the proposer's time (default 0)")
+                         "nothing pays, the plan stops drafting (what a step costs when nothing pays; default "
+                         "%(default)s)")
+    ap.add_argument("--warmup-rounds", type=non_negative_int, default=5,
+                    help="untimed engine steps before the timed ones, >= 0 (the plan learns the acceptance; default "
+                         "%(default)s)")
+    ap.add_argument("--forward-ms", type=_forward_ms, default=0.0,
+                    help="emulated forward pass between engine steps (ms in [0, 60000], untimed; e.g. 7, the paper's "
+                         "c_base): what the drafter's ingest thread does meanwhile leaves the proposer's time "
+                         "(default %(default)s)")
     args = ap.parse_args(argv)
-    if not 0.0 <= args.forward_ms <= 60_000.0:  # NaN fails too
-        ap.error(f"--forward-ms must be between 0 and 60000 ms, got {args.forward_ms}")
     kinds = ["das"] + ([args.compare] if args.compare == "suffix" else [])
     print(f"{'batch':>6}{'context':>9}  {'proposer':<8}{'us/req-round':>13}{'(cpu)':>8}{'tok/round':>10}"
           f"  {'of which drafter step':>22}{'controller (cpu)':>18}{'rows drafted':>14}{'silent steps':>14}")
-    for batch in [int(x) for x in args.batch.split(",")]:
-        for context in [int(x) for x in args.context.split(",")]:
-            if f"{batch}x{context}" in args.skip.split(","):
+    for batch in args.batch:
+        for context in args.context:
+            if (batch, context) in args.skip:
                 continue
             problems = max(1, batch // 8)
             wl = Workload(problems, args.vocab, context + args.rounds * (args.k + 2) + 256, args.seed)
