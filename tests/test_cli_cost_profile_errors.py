@@ -21,6 +21,7 @@ BAD = [
     (["--model", "/nonexistent-das-trl"], "--model: local path '/nonexistent-das-trl' does not exist"),
     (["--model", "./nonexistent-das-trl"], "--model: local path './nonexistent-das-trl' does not exist"),
     (["--model", "~/nonexistent-das-trl"], "--model: local path '~/nonexistent-das-trl' does not exist"),
+    (["--json", "/proc/das-trl/x.json"], "--json: cannot write /proc/das-trl/x.json"),
 ]
 
 

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from das_trl.bench.options import positive_int, positive_int_list
+from das_trl.bench.options import output_file, positive_int, positive_int_list
 from das_trl.budget.cost_model import fit_linear
 
 #: The ``--dtype`` names (torch attribute names).
@@ -100,7 +100,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="cpu, cuda or cuda:N (default: cuda when available)")
     p.add_argument("--dtype", choices=DTYPES, default=None,
                    help="float32 / bfloat16 / float16 (default: float32 on CPU, bfloat16 on GPU)")
-    p.add_argument("--json", default=None, help="write the measurements and the fit to this JSON file")
+    p.add_argument("--json", type=output_file, default=None,
+                   help="write the measurements and the fit to this JSON file")
     return p.parse_args(argv)
 
 
