@@ -109,3 +109,24 @@ def test_history_memory_missing_rollouts_is_the_one_line_error(tmp_path, capsys)
         assert rc == 2 and out == ""
         assert err.startswith(f"das-trl bench history-memory: error: --rollouts {path}: {what}; give a rollouts file")
         assert err.rstrip().endswith("(DAS_TRL_TRACEBACK=1 shows the traceback)") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("args, shown", [
+    (["--problems", "0"], "--problems: must be an int >= 1, got '0'"),
+    (["--samples", "-2"], "--samples: must be an int >= 1, got '-2'"),
+    (["--temperature", "nan"], "--temperature: must be a finite number >= 0, got nan"),
+    (["--temperature", "warm"], "--temperature: must be a number, got 'warm'"),
+    (["--dtype", "float64"], "--dtype: invalid choice: 'float64'"),
+    (["--force-not-given"], None),  # an existing --out without --force
+])
+def test_record_options_are_checked_before_the_engine_loads(args, shown, tmp_path, monkeypatch, capsys):
+    """``bench record`` used to take ``--problems 0`` or a negative temperature to the engine, and refused an
+    existing ``--out`` with a bare line and exit code 1."""
+    _no_engine(monkeypatch)
+    out = tmp_path / "r.jsonl"
+    if shown is None:
+        out.write_text("{}\n")
+        args, shown = [], f"--out: {out} exists (--force overwrites it)"
+    rc, err, stdout = _run(capsys, ["bench", "record", "--out", out] + args)
+    assert rc == 2 and f"das-trl bench record: error: argument {shown}" in err, err
+    assert stdout == ""

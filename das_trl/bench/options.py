@@ -109,7 +109,7 @@ def add_cpu_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--draft-threads", type=_threads, default=None,
                    help="run the DAS drafter with this many drafting threads (DrafterConfig.draft_threads; default "
                         "1) and, when > 1, time its calls by the wall clock (thread CPU time would miss the workers)")
-    g.add_argument("--async-off-ms", type=_non_negative, default=0.0,
+    g.add_argument("--async-off-ms", type=non_negative_float, default=0.0,
                    help="ms charged per engine step to every speculative method (not none): vLLM runs a custom "
                         "drafter with async scheduling off (default %(default)s; a public vLLM measurement puts the "
                         f"saving near {ASYNC_OFF_MS_REFERENCE:g} ms per step: PR #25872, see docs/benchmarks.md)")
@@ -147,8 +147,12 @@ def int_or_never(text: str) -> int:
     return value
 
 
-def _non_negative(text: str) -> float:
-    value = float(text)
+def non_negative_float(text: str) -> float:
+    """argparse ``type=``: a finite number >= 0 (``ArgumentTypeError`` naming the text otherwise, nan included)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
     if not 0 <= value < float("inf"):  # also rejects nan
         raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
     return value
@@ -167,7 +171,7 @@ def add_engine_args(p: argparse.ArgumentParser, shapes: bool = False) -> None:
     from das_trl.budget.cost_model import ASSUMED_C_LOGPROB_MS, VERIFICATION_SHAPES
 
     g = p.add_argument_group("the engine (verification logprobs, admission)")
-    g.add_argument("--c-logprob", type=_non_negative, default=ASSUMED_C_LOGPROB_MS,
+    g.add_argument("--c-logprob", type=non_negative_float, default=ASSUMED_C_LOGPROB_MS,
                    help="cost model: ms per row of vLLM's verification logprob path (default %(default)s: an H200 "
                         "measured 0.00098 at a 151,936-entry vocabulary with vLLM's compiled rank count, "
                         "recipes/gpu/verification_cost.py, docs/budget.md; 0: free)")

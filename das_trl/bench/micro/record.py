@@ -18,34 +18,37 @@ import os
 import time
 from pathlib import Path
 
-from das_trl.bench.options import output_file
+from das_trl.bench.options import non_negative_float, non_negative_int, output_file, positive_int
 from das_trl.drafter.rollout_log import RolloutRecord, append_records
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="das-trl bench record", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="model path (default: das_trl.defaults.model.prepare_default_model())")
-    p.add_argument("--task", default="gsm_symbolic", help="reasoning-gym task")
-    p.add_argument("--problems", type=int, default=32)
-    p.add_argument("--samples", type=int, default=8, help="completions per problem per epoch")
-    p.add_argument("--epochs", type=int, default=4)
-    p.add_argument("--temperature", type=float, default=0.6)
-    p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--seed", type=int, default=0, help="dataset and engine seed")
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--kv-cache-bytes", type=int, default=1 << 30)
-    p.add_argument("--max-model-len", type=int, default=1024)
-    p.add_argument("--out", type=output_file, required=True, help="JSONL file (appended to; refuses an existing one unless --force)")
+    p.add_argument("--task", default="gsm_symbolic", help="reasoning-gym task (default: %(default)s)")
+    p.add_argument("--problems", type=positive_int, default=32, help="problems per epoch (default: %(default)s)")
+    p.add_argument("--samples", type=positive_int, default=8,
+                   help="completions per problem per epoch (default: %(default)s)")
+    p.add_argument("--epochs", type=positive_int, default=4, help="(default: %(default)s)")
+    p.add_argument("--temperature", type=non_negative_float, default=0.6, help="(default: %(default)s)")
+    p.add_argument("--max-tokens", type=positive_int, default=256, help="(default: %(default)s)")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="dataset and engine seed (default: %(default)s)")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--kv-cache-bytes", type=positive_int, default=1 << 30, help="(default: %(default)s)")
+    p.add_argument("--max-model-len", type=positive_int, default=1024, help="(default: %(default)s)")
+    p.add_argument("--out", type=output_file, required=True,
+                   help="JSONL file (appended to; refuses an existing one unless --force)")
     p.add_argument("--force", action="store_true", help="overwrite an existing --out")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if Path(args.out).exists() and not args.force:
+        p.error(f"argument --out: {args.out} exists (--force overwrites it)")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
-    if out.exists():
-        if not args.force:
-            raise SystemExit(f"{out} exists (use --force to overwrite)")
+    if out.exists():  # --force
         out.unlink()
     from transformers import AutoTokenizer
     from vllm import LLM, SamplingParams
