@@ -390,14 +390,22 @@ def sources_block(sets: Sequence[RealSet] = SETS) -> str:
 
 
 # ---------------------------------------------------------------------------- CLI
+def _folder(text: str) -> Path:
+    """argparse ``type=`` of an output folder (``--out``, ``--sources``): one that cannot be created or written is
+    refused as the options are parsed (:func:`~das_trl.bench.options.output_dir`), not after the downloads."""
+    from das_trl.bench.options import output_dir
+
+    return Path(output_dir(text))
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     names = [s.name for s in SETS]
     p = argparse.ArgumentParser(prog="das-trl bench realdata", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, default=None,
+    p.add_argument("--out", type=_folder, default=None,
                    help="folder for the converted sets (default: $DAS_TRL_CACHE/realdata, ~/.cache/das-trl/realdata)")
     p.add_argument("--sets", nargs="+", choices=names, default=names, metavar="NAME",
                    help=f"the sets to build (default: all: {', '.join(names)})")
-    p.add_argument("--sources", type=Path, default=None,
+    p.add_argument("--sources", type=_folder, default=None,
                    help="folder the sources are downloaded into (default: OUT/../realdata-sources)")
     p.add_argument("--from", dest="from_dir", type=Path, default=None,
                    help="read the sources from this folder (laid out as owner/name/commit/path) and download nothing")

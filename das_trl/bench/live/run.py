@@ -17,13 +17,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from das_trl.bench.live.config import DRAFTERS, LiveConfig
+from das_trl.bench.live.config import DRAFTERS, VLLM_DTYPES, LiveConfig, engine_seed
 from das_trl.bench.live.engine import (BatchResult, build_engine, counter_delta, engine_async_scheduling,
                                        is_cpu_platform, run_batch, sampling_params, sampling_warnings,
                                        shutdown_engine, spec_counters, speculative_kwargs)
 from das_trl.bench.live.history import generate_history, load_prompts, push_history
 from das_trl.bench.live.report import TIERS_NOTE, WALL_TIME_NOTE, DrafterReport, format_table, make_report, write_plot
-from das_trl.bench.options import json_overrides
+from das_trl.bench.options import drafter_names, json_overrides
 from das_trl.drafter import DrafterConfig
 
 
@@ -169,7 +169,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     d = LiveConfig()
     p = argparse.ArgumentParser(prog="das-trl bench live", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="model path (default: the embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--drafters", default=",".join(DRAFTERS), help=f"comma-separated subset of {','.join(DRAFTERS)}")
+    p.add_argument("--drafters", type=_drafters, default=",".join(DRAFTERS),
+                   help=f"comma-separated subset of {','.join(DRAFTERS)} (default: all)")
     p.add_argument("--task", default=d.task, help="reasoning-gym task for the prompts (without --history)")
     p.add_argument("--prompts", type=int, default=d.prompts, help="problems in the batch")
     p.add_argument("--samples", type=int, default=d.samples, help="requests per problem (GRPO group size)")
@@ -179,11 +180,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--history", default=None, help="rollouts JSONL: history for DAS/suffix and the batch's prompts")
     p.add_argument("--warm-epochs", type=int, default=d.warm_epochs,
                    help="without --history: epochs of the same prompts generated first as history")
-    p.add_argument("--num-speculative-tokens", type=int, default=d.num_speculative_tokens,
-                   help="K for every drafter")
+    p.add_argument("--num-speculative-tokens", type=_num_speculative_tokens, default=d.num_speculative_tokens,
+                   help="K for every drafter (1 to 64, the native drafter core's cap; default %(default)s)")
     p.add_argument("--das-config", default=None, help="JSON object of DrafterConfig overrides for DAS")
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--dtype", default=d.dtype)
+    p.add_argument("--seed", type=engine_seed, default=d.seed, help="0 to 2**32 - 1 (default %(default)s)")
+    p.add_argument("--dtype", choices=VLLM_DTYPES, default=d.dtype, help="vLLM's dtype (default %(default)s)")
     p.add_argument("--max-model-len", type=int, default=d.max_model_len)
     p.add_argument("--kv-cache-bytes", type=int, default=d.kv_cache_bytes, help="CPU build: KV cache size")
     p.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization, help="GPU builds")
@@ -194,6 +195,28 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="seconds; past it the running batch is aborted and later drafters skipped (reported)")
     p.add_argument("--out", default="runs/live", help="output folder: live.json, live.png, table.txt")
     return p.parse_args(argv)
+
+
+def _drafters(text: str) -> str:
+    """argparse ``type=`` of ``--drafters``: comma-separated names from :data:`DRAFTERS`, each once (an unknown name
+    was refused only after vLLM was imported; a repeated one ran its drafter twice). Returns ``text`` unchanged."""
+    try:
+        drafter_names(text, DRAFTERS)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--drafters: ")) from None
+    return text
+
+
+def _num_speculative_tokens(text: str) -> int:
+    """argparse ``type=`` of ``--num-speculative-tokens``: an int K that vLLM and the drafter can run (1 to 64 where
+    the native core is built; :func:`~das_trl.vllm.engine.check_num_speculative_tokens`)."""
+    from das_trl.vllm.engine import check_num_speculative_tokens
+
+    try:
+        return check_num_speculative_tokens(int(text), "K")
+    except ValueError as exc:
+        message = str(exc) if text.strip().lstrip("+-").isdigit() else f"must be an int, got {text!r}"
+        raise argparse.ArgumentTypeError(message) from None
 
 
 def check_args(args: argparse.Namespace) -> None:

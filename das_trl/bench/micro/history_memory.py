@@ -49,7 +49,7 @@ import time
 
 import numpy as np
 
-from das_trl.bench.options import output_file
+from das_trl.bench.options import non_negative_int, output_file, positive_int
 from das_trl.drafter import DrafterConfig, RolloutHistory, create_drafter
 from das_trl.drafter.digest import state_digest
 
@@ -228,20 +228,24 @@ def main(argv: list[str] | None = None) -> int:
     """Command line; returns 0 when the budget held, evictions were counted and were oldest-first (with
     ``--rollouts``: when the budget held), 1 when not, 2 for a rollouts file that cannot be read."""
     ap = argparse.ArgumentParser(prog="das-trl bench history-memory", description=__doc__.splitlines()[0])
-    ap.add_argument("--problems", type=int, default=64)
-    ap.add_argument("--samples", type=int, default=16)
-    ap.add_argument("--appearances", type=int, default=4, help="appearances (RL epochs) of every problem")
-    ap.add_argument("--length", type=int, default=128, help="longest completion, tokens")
-    ap.add_argument("--window", type=int, default=16)
-    ap.add_argument("--budget", type=int, default=None,
+    ap.add_argument("--problems", type=positive_int, default=64, help="problems (default %(default)s)")
+    ap.add_argument("--samples", type=positive_int, default=16,
+                    help="sibling completions per appearance (default %(default)s)")
+    ap.add_argument("--appearances", type=positive_int, default=4,
+                    help="appearances (RL epochs) of every problem (default %(default)s)")
+    ap.add_argument("--length", type=positive_int, default=128, help="longest completion, tokens (default %(default)s)")
+    ap.add_argument("--window", type=positive_int, default=16,
+                    help="the drafter's window: appearances kept per problem (default %(default)s)")
+    ap.add_argument("--budget", type=positive_int, default=None,
                     help="history_token_budget (default 200,000 for the synthetic run, 8M with --rollouts)")
     ap.add_argument("--rollouts", default=None,
                     help="push this recorded rollouts file (JSONL, .gz too) step by step instead of a synthetic run")
-    ap.add_argument("--problems-per-step", type=int, default=64)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--problems-per-step", type=positive_int, default=64,
+                    help="problems per push (GRPO step; default %(default)s)")
+    ap.add_argument("--seed", type=non_negative_int, default=0, help="default %(default)s")
     ap.add_argument("--backend", choices=("native", "python"), default="native",
                     help="the drafter: native (the engine's, default) or python (the reference; needs arctic-inference)")
-    ap.add_argument("--max-tree-depth", type=int, default=None,
+    ap.add_argument("--max-tree-depth", type=positive_int, default=None,
                     help="the drafter's tree depth (default: DrafterConfig's, 64)")
     ap.add_argument("--json", type=output_file, default=None, help="also write the result to this file")
     args = ap.parse_args(argv)

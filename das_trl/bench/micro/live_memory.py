@@ -29,6 +29,7 @@ import time
 
 import numpy as np
 
+from das_trl.bench.options import non_negative_int, positive_int
 from das_trl.drafter import DrafterConfig, create_drafter
 
 
@@ -105,13 +106,14 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m das_trl.bench.micro.live_memory``: print :func:`run`'s result as JSON; 1 when the budget was
     exceeded."""
     p = argparse.ArgumentParser(prog="das_trl.bench.micro.live_memory", description=__doc__.splitlines()[0])
-    p.add_argument("--requests", type=int, default=2000)
-    p.add_argument("--prompt", type=int, default=64)
-    p.add_argument("--output", type=int, default=1000)
-    p.add_argument("--piece", type=int, default=50)
+    p.add_argument("--requests", type=positive_int, default=2000, help="requests (default %(default)s)")
+    p.add_argument("--prompt", type=positive_int, default=64, help="prompt tokens per request (default %(default)s)")
+    p.add_argument("--output", type=positive_int, default=1000, help="output tokens per request (default %(default)s)")
+    p.add_argument("--piece", type=positive_int, default=50,
+                   help="output tokens per extend_request call (default %(default)s)")
     p.add_argument("--budget", type=int, default=None,
                    help="live_token_budget (default: DrafterConfig's; negative: no eviction)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=non_negative_int, default=0, help="default %(default)s")
     p.add_argument("--backend", choices=("python", "native"), default="python")
     args = p.parse_args(argv)
     result = run(args.requests, args.prompt, args.output, args.piece, args.budget, args.seed, args.backend)

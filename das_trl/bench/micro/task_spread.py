@@ -24,7 +24,11 @@ import statistics
 import sys
 from typing import Any, Callable
 
-from das_trl.bench.options import output_file
+from das_trl.bench.live.config import VLLM_DTYPES, engine_seed
+from das_trl.bench.options import non_negative_float, output_file, positive_int
+
+#: The reward functions ``--rewards`` chooses from (:func:`_reward_funcs`).
+REWARD_NAMES = ("rg_correctness", "format", "equation")
 
 
 def group_spread(rewards: list[list[float]], correct: list[list[float]] | None = None) -> dict[str, Any]:
@@ -75,20 +79,44 @@ def _system_prompt(name: str) -> str | None:
     return {"default": DEFAULT_SYSTEM_PROMPT, "arithmetic": ARITHMETIC_SYSTEM_PROMPT, "none": None}.get(name, name)
 
 
+def _tasks(text: str) -> list:
+    """argparse ``type=`` of ``--tasks``: a JSON list of ``[task, task_config]`` pairs (refused before the model loads;
+    text that was not JSON ended in a traceback)."""
+    try:
+        tasks = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"is not valid JSON ({exc}): {text!r}") from None
+    if not isinstance(tasks, list) or not tasks or not all(isinstance(t, list) and len(t) == 2 for t in tasks):
+        raise argparse.ArgumentTypeError(f"must be a JSON list of [task, task_config] pairs, got {text!r}")
+    return tasks
+
+
+def _reward_names(text: str) -> list[str]:
+    """argparse ``type=`` of ``--rewards``: comma-separated names from :data:`REWARD_NAMES` (an unknown one was refused
+    with a traceback)."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in REWARD_NAMES]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"comma-separated, from {', '.join(REWARD_NAMES)}; got {text!r}")
+    return names
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="das_trl.bench.micro.task_spread", description=__doc__.splitlines()[0])
-    p.add_argument("--tasks", required=True,
+    p.add_argument("--tasks", type=_tasks, required=True,
                    help='JSON list of [task, task_config] pairs, e.g. \'[["chain_sum", {"max_terms": 2}]]\'')
     p.add_argument("--model", default=None, help="model path (default: the embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--problems", type=int, default=16)
-    p.add_argument("--samples", type=int, default=8, help="completions per problem (the group size)")
-    p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--problems", type=positive_int, default=16, help="problems per task (default %(default)s)")
+    p.add_argument("--samples", type=positive_int, default=8,
+                   help="completions per problem (the group size; default %(default)s)")
+    p.add_argument("--temperature", type=non_negative_float, default=0.8, help="default %(default)s")
+    p.add_argument("--max-tokens", type=positive_int, default=64, help="default %(default)s")
     p.add_argument("--system-prompt", default="default", help="'default', 'arithmetic', 'none' or the text itself")
-    p.add_argument("--rewards", default="rg_correctness,equation", help="comma-separated: rg_correctness, format, "
-                                                                         "equation")
-    p.add_argument("--seed", type=int, default=0, help="dataset and engine seed")
-    p.add_argument("--dtype", default="float32")
+    p.add_argument("--rewards", type=_reward_names, default="rg_correctness,equation",
+                   help=f"comma-separated: {', '.join(REWARD_NAMES)} (default %(default)s)")
+    p.add_argument("--seed", type=engine_seed, default=0, help="dataset and engine seed (0 to 2**32 - 1; default "
+                                                                "%(default)s)")
+    p.add_argument("--dtype", choices=VLLM_DTYPES, default="float32", help="vLLM's dtype (default %(default)s)")
     p.add_argument("--out", type=output_file, default=None, help="JSONL file for every completion and its rewards")
     return p.parse_args(argv)
 
@@ -96,10 +124,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns 0."""
     args = parse_args(argv)
-    tasks = json.loads(args.tasks)
-    if not isinstance(tasks, list) or not all(isinstance(t, list) and len(t) == 2 for t in tasks):
-        raise SystemExit("--tasks must be a JSON list of [task, task_config] pairs")
-    funcs = _reward_funcs([n.strip() for n in args.rewards.split(",") if n.strip()])
+    tasks = args.tasks
+    funcs = _reward_funcs(args.rewards)
     from transformers import AutoTokenizer
     from vllm import LLM, SamplingParams
 
