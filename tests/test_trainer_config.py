@@ -65,3 +65,41 @@ def test_every_depth_the_config_accepts_attaches(depth):
     assert worker.das_attach(json.dumps({"match_context_tokens": 8}))["ok"]
     assert worker.das_attach(json.dumps({"max_tree_depth": max(depth, 8)}))["ok"]
     assert worker.proposer.drafter.config.match_context_tokens == 8
+
+
+@pytest.mark.parametrize("name, value, says", [
+    ("window", 2.5, "das_window must be an int in [1, "),
+    ("window", float("nan"), "das_window must be an int"),
+    ("window", True, "das_window must be an int"),
+    ("window", "8", "das_window must be an int"),
+    ("history_token_budget", float("inf"), "das_history_token_budget must be an int"),
+    ("history_token_budget", 1.5, "das_history_token_budget must be an int"),
+    ("max_spec_factor", float("nan"), "das_max_spec_factor must be a finite number"),
+    ("max_spec_factor", float("inf"), "das_max_spec_factor must be a finite number"),
+    ("max_spec_factor", "2", "das_max_spec_factor must be a finite number"),
+    ("min_token_prob", "0.5", "das_min_token_prob must be a finite number"),
+    ("live_token_budget", -1, "das_live_token_budget must be an int in [0, "),
+    ("calibrate_acceptance", "yes", "das_calibrate_acceptance must be a bool"),
+    ("enabled", "no", "das_enabled must be true or false, got 'no'"),
+    ("check_engine", None, "das_check_engine must be true or false"),
+    ("record_rollouts", 123, "das_record_rollouts must be None or a file path"),
+    ("record_rollouts", "", "das_record_rollouts must be None or a file path"),
+])
+def test_bad_values_are_refused_when_the_config_is_built_naming_the_setting(name, value, says):
+    """These passed the config's own checks (or raised a bare TypeError) and failed only at the engine's attach,
+    after the model had loaded, naming the drafter's field (``window``) instead of the setting (``das_window``)."""
+    with pytest.raises(ValueError) as err:
+        validate_das_settings(_settings(**{name: value}))
+    assert says in str(err.value)
+
+
+def test_every_value_the_config_accepts_builds_the_drafter():
+    """What passes here is what the engine's DrafterConfig accepts (ints given as whole floats are not)."""
+    from das_trl.drafter import DrafterConfig
+
+    settings = _settings(window=3, history_token_budget=1000, max_spec_factor=1, min_token_prob=0,
+                         live_token_budget=0, record_rollouts="runs/r.jsonl")
+    validate_das_settings(settings)
+    fields = drafter_config_fields(settings)
+    fields.pop("budget_controller")  # the engine's ControllerConfig, beside the drafter's
+    DrafterConfig(**fields)

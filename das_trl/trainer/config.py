@@ -180,20 +180,19 @@ def das_settings(args: Any) -> dict[str, Any]:
 
 
 def validate_das_settings(settings: dict[str, Any]) -> None:
-    """Raise ``ValueError`` with a clear message for out-of-range ``das_*`` settings (parses ``vllm_kwargs`` JSON in
-    place), including engine arguments that cannot run the drafter (``das_vllm_kwargs["async_scheduling"]`` true
-    while DAS is enabled)."""
+    """Raise ``ValueError`` naming the ``das_*`` setting for a value of the wrong type (``"8"``, ``2.5`` for an int,
+    ``"no"`` for a bool), not finite, or out of range, when the config is built: the drafter's fields are checked by
+    building the :class:`~das_trl.drafter.DrafterConfig` the engine would get, so a value cannot pass here and fail
+    at the engine's attach. Parses the ``vllm_kwargs`` / ``budget_controller`` JSON in place, and refuses engine
+    arguments that cannot run the drafter (``das_vllm_kwargs["async_scheduling"]`` true while DAS is enabled)."""
     # K: vLLM verifies at most 128 draft tokens per request, the native core drafts at most 64.
     check_num_speculative_tokens(settings["num_speculative_tokens"], "das_num_speculative_tokens")
-    if settings["window"] < 1:
-        raise ValueError(f"das_window must be >= 1, got {settings['window']}")
-    if settings["history_token_budget"] < 1:
-        raise ValueError(f"das_history_token_budget must be >= 1, got {settings['history_token_budget']}")
-    budget = settings.get("live_token_budget", 0)
-    if not isinstance(budget, int) or isinstance(budget, bool) or budget < 0:
-        raise ValueError(f"das_live_token_budget must be an int >= 0 (tokens), got {budget!r}")
-    if settings["max_spec_factor"] <= 0:
-        raise ValueError(f"das_max_spec_factor must be > 0, got {settings['max_spec_factor']}")
+    for name in ("enabled", "check_engine"):  # "no" would read as true; the drafter checks its own bools below
+        if not isinstance(settings.get(name, True), bool):
+            raise ValueError(f"das_{name} must be true or false, got {settings[name]!r}")
+    record = settings.get("record_rollouts")
+    if record is not None and (not isinstance(record, (str, os.PathLike)) or not str(record).strip()):
+        raise ValueError(f"das_record_rollouts must be None or a file path, got {record!r}")
     depth = settings.get("max_tree_depth")
     if depth is not None:
         low = _drafter_default("support_ngram")  # the drafter counts support over n-grams within one tree path
@@ -201,10 +200,13 @@ def validate_das_settings(settings: dict[str, Any]) -> None:
             # checked here, not first in the engine at attach
             raise ValueError(f"das_max_tree_depth must be None or an int in [{low}, {NATIVE_MAX_TREE_DEPTH}] "
                              f"(tokens), got {depth!r}")
-    if not 0.0 <= settings["min_token_prob"] <= 1.0:
-        raise ValueError(f"das_min_token_prob must be in [0, 1], got {settings['min_token_prob']}")
-    if not isinstance(settings["calibrate_acceptance"], bool):
-        raise ValueError(f"das_calibrate_acceptance must be true or false, got {settings['calibrate_acceptance']!r}")
+    _validate_config_dict(settings, "budget_controller", ControllerConfig)
+    # The drafter's own checks (types, nan, ranges), here rather than first at the engine's attach, once loaded.
+    try:
+        DrafterConfig(**{k: v for k, v in drafter_config_fields(settings).items()
+                         if k in DrafterConfig.__dataclass_fields__})  # budget_controller: checked above
+    except (TypeError, ValueError) as exc:
+        raise ValueError(_as_das_setting(str(exc))) from None
     if isinstance(settings["vllm_kwargs"], str):
         try:
             settings["vllm_kwargs"] = json.loads(settings["vllm_kwargs"])
@@ -214,11 +216,18 @@ def validate_das_settings(settings: dict[str, Any]) -> None:
         raise ValueError(f"das_vllm_kwargs must be a dict, got {type(settings['vllm_kwargs']).__name__}")
     if settings["enabled"]:
         check_engine_settings(settings["vllm_kwargs"], environ={})  # async_scheduling cannot run the drafter
-    _validate_config_dict(settings, "budget_controller", ControllerConfig)
     if settings.get("length_policy") is not None:
         raise ValueError(LENGTH_POLICY_REMOVED)
     if settings["weight_sync"] not in _WEIGHT_SYNC_MODES:
         raise ValueError(f"das_weight_sync must be one of {_WEIGHT_SYNC_MODES}, got {settings['weight_sync']!r}")
+
+
+def _as_das_setting(message: str) -> str:
+    """``DrafterConfig: window must be ...`` -> ``das_window must be ...`` (the name the user set)."""
+    field_name, _, rest = message.removeprefix("DrafterConfig: ").partition(" ")
+    das_name = "das_num_speculative_tokens" if field_name == "max_spec_tokens" else f"das_{field_name}"
+    known = das_name in {f.name for f in fields(DASGRPOConfig)}
+    return f"{das_name} {rest}" if known else message
 
 
 def _validate_config_dict(settings: dict[str, Any], key: str, config_cls: type) -> None:
