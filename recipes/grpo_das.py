@@ -128,10 +128,13 @@ def recipe_trainer_kwargs(script_args: ScriptArguments, model_args: ModelConfig)
     """The trainer arguments the recipe's flags give: ``model`` (``--model_name_or_path``, else the embedded
     SmolLM2-135M-Instruct), ``reward_funcs``, ``train_dataset`` and ``peft_config`` (LoRA with ``--use_peft``; the engine
     serves the merged weights)."""
+    # The flags first: a mistyped reward or task config fails in a second, not after the model's first conversion.
+    reward_funcs = resolve_reward_funcs(script_args.reward_funcs)
+    train_dataset = load_recipe_dataset(script_args)
     return {
         "model": model_args.model_name_or_path or prepare_default_model(),
-        "reward_funcs": resolve_reward_funcs(script_args.reward_funcs),
-        "train_dataset": load_recipe_dataset(script_args),
+        "reward_funcs": reward_funcs,
+        "train_dataset": train_dataset,
         "peft_config": get_peft_config(model_args),
     }
 

@@ -65,3 +65,21 @@ def test_group_spread_summary():
         group_spread([[]])
     with pytest.raises(ValueError, match="unknown reward"):
         _reward_funcs(["nope"])
+
+
+def test_recipe_flags_are_checked_before_the_model_is_converted(monkeypatch):
+    """A mistyped ``--reward_funcs`` or ``--dataset_task_config`` failed only after ``prepare_default_model`` (the
+    model's first conversion takes ~1 minute)."""
+    import pytest
+    from trl import ModelConfig
+
+    recipe = _recipe()
+
+    def converted():
+        raise AssertionError("the model was prepared before the recipe's flags were checked")
+
+    monkeypatch.setattr(recipe, "prepare_default_model", converted)
+    with pytest.raises(ValueError, match="unknown reward function 'nope'"):
+        recipe.recipe_trainer_kwargs(recipe.ScriptArguments(reward_funcs=["nope"]), ModelConfig())
+    with pytest.raises(ValueError):
+        recipe.recipe_trainer_kwargs(recipe.ScriptArguments(dataset_task_config="{bad"), ModelConfig())
