@@ -134,13 +134,13 @@ def _dispatch(argv: list[str]) -> int:
     if args.command == "vllm-metadata":
         from das_trl.vllm.metadata_alias import install_alias, remove_alias
 
-        if args.remove:
-            removed = remove_alias(args.target)
-            print("\n".join(f"removed {folder}" for folder in removed) or "no record written by das-trl found")
-            return 0
         try:
+            if args.remove:
+                removed = remove_alias(args.target)
+                print("\n".join(f"removed {folder}" for folder in removed) or "no record written by das-trl found")
+                return 0
             folder = install_alias(args.target)
-            where = f" with PYTHONPATH={folder.parent}" if args.target else ""
+            where = f" with PYTHONPATH={folder.parent}" if args.target is not None else ""
             print(f"wrote {folder}: vLLM's CLI (vllm serve, trl vllm-serve) starts{where}")
         except ValueError as exc:
             return _bad_input("das-trl vllm-metadata", exc)

