@@ -103,3 +103,11 @@ def test_every_value_the_config_accepts_builds_the_drafter():
     fields = drafter_config_fields(settings)
     fields.pop("budget_controller")  # the engine's ControllerConfig, beside the drafter's
     DrafterConfig(**fields)
+
+
+def test_bad_json_from_the_environment_names_the_variable(monkeypatch):
+    monkeypatch.setenv("DAS_TRL_VLLM_KWARGS", "{bad")
+    with pytest.raises(ValueError, match=r"das_vllm_kwargs \(from \$DAS_TRL_VLLM_KWARGS\) is not valid JSON"):
+        validate_das_settings(_settings())
+    with pytest.raises(ValueError, match=r"das_vllm_kwargs is not valid JSON"):  # set in the config: no variable named
+        validate_das_settings(_settings(vllm_kwargs="{worse"))

@@ -211,7 +211,8 @@ def validate_das_settings(settings: dict[str, Any]) -> None:
         try:
             settings["vllm_kwargs"] = json.loads(settings["vllm_kwargs"])
         except json.JSONDecodeError as exc:
-            raise ValueError(f"das_vllm_kwargs is not valid JSON: {exc}") from None
+            source = f" (from ${VLLM_KWARGS_ENV})" if settings["vllm_kwargs"] == os.environ.get(VLLM_KWARGS_ENV) else ""
+            raise ValueError(f"das_vllm_kwargs{source} is not valid JSON: {exc}") from None
     if settings["vllm_kwargs"] is not None and not isinstance(settings["vllm_kwargs"], dict):
         raise ValueError(f"das_vllm_kwargs must be a dict, got {type(settings['vllm_kwargs']).__name__}")
     if settings["enabled"]:
