@@ -117,6 +117,7 @@ def test_history_memory_missing_rollouts_is_the_one_line_error(tmp_path, capsys)
     (["--temperature", "nan"], "--temperature: must be a finite number >= 0, got nan"),
     (["--temperature", "warm"], "--temperature: must be a number, got 'warm'"),
     (["--dtype", "float64"], "--dtype: invalid choice: 'float64'"),
+    (["--seed", "-1"], "--seed: must be an int in [0, 4294967295], got '-1'"),
     (["--force-not-given"], None),  # an existing --out without --force
 ])
 def test_record_options_are_checked_before_the_engine_loads(args, shown, tmp_path, monkeypatch, capsys):
@@ -130,3 +131,11 @@ def test_record_options_are_checked_before_the_engine_loads(args, shown, tmp_pat
     rc, err, stdout = _run(capsys, ["bench", "record", "--out", out] + args)
     assert rc == 2 and f"das-trl bench record: error: argument {shown}" in err, err
     assert stdout == ""
+
+
+def test_record_takes_the_dtypes_and_seeds_vllm_takes(tmp_path):
+    """``record`` starts a vLLM engine: it takes vLLM's dtype names (``auto``, ``half``, ...) as ``bench live`` does."""
+    from das_trl.bench.micro.record import parse_args
+
+    args = parse_args(["--out", str(tmp_path / "r.jsonl"), "--dtype", "half", "--seed", str(2**32 - 1)])
+    assert (args.dtype, args.seed) == ("half", 2**32 - 1)

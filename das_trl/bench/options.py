@@ -277,6 +277,20 @@ def positive_int(text: str) -> int:
     return value
 
 
+def int_in_range(low: int, high: int):
+    """An argparse ``type=`` accepting an int in ``[low, high]`` (``ArgumentTypeError`` otherwise: argparse exits 2
+    with ``argument --NAME: must be an int in [low, high], got ...``)."""
+    def check(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be an int in [{low}, {high}], got {text!r}")
+        return value
+    return check
+
+
 def non_negative_int(text: str) -> int:
     """argparse ``type=``: an int >= 0 (``ArgumentTypeError`` naming the text otherwise: exit 2 with ``argument
     --NAME: must be an int >= 0, got ...``)."""

@@ -2,37 +2,26 @@
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 from typing import Any
 
+from das_trl.bench.options import int_in_range
 from das_trl.vllm.engine import DEFAULT_NUM_SPECULATIVE_TOKENS
 
 #: The drafters the live A/B can run, each as vLLM runs it (:func:`~das_trl.bench.live.engine.speculative_kwargs`).
 DRAFTERS = ("none", "ngram", "suffix", "das")
 
 #: The ``dtype`` values vLLM's model config accepts (``auto`` and the keys of its ``_STR_DTYPE_TO_TORCH_DTYPE``): the
-#: ``--dtype`` choices of the benches that start an engine with it (``bench live``, ``bench.micro.task_spread``).
+#: ``--dtype`` choices of the benches that start an engine with it (``bench live``, ``record``, ``task-spread``).
 VLLM_DTYPES = ("auto", "float32", "float", "bfloat16", "float16", "half")
 
 #: The largest seed vLLM takes (it seeds numpy's legacy generator, which needs ``0 <= seed <= 2**32 - 1``).
 MAX_SEED = 2**32 - 1
 
 
-def engine_seed(text: str) -> int:
-    """argparse ``type=`` of a seed that reaches a vLLM engine: an int in ``[0, 2**32 - 1]`` (a negative one failed
-    only once the engine started: "Seed must be between 0 and 2**32 - 1").
-
-    Raises:
-        argparse.ArgumentTypeError: not an int, or out of range.
-    """
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= MAX_SEED:
-        raise argparse.ArgumentTypeError(f"must be an int from 0 to {MAX_SEED}, got {text!r}")
-    return value
+#: argparse ``type=`` of a seed that reaches a vLLM engine (a negative one failed only once the engine started:
+#: "Seed must be between 0 and 2**32 - 1").
+engine_seed = int_in_range(0, MAX_SEED)
 
 
 @dataclass

@@ -35,7 +35,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from das_trl.bench.options import non_negative_int, positive_int, positive_int_list
+from das_trl.bench.options import int_in_range, non_negative_int, positive_int, positive_int_list
 from das_trl.budget.gate import MAX_CAP
 from das_trl.drafter import DrafterConfig
 
@@ -286,19 +286,6 @@ def push_and_stall(wl: Workload, batch: int, push_tokens: int, k: int, backend: 
     return out
 
 
-def _int_in(low: int, high: int):
-    """argparse ``type=``: an int in ``[low, high]`` (``ArgumentTypeError`` naming the range and the text)."""
-    def check(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = low - 1
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"must be an int in [{low}, {high}], got {text!r}")
-        return value
-    return check
-
-
 def _contexts(text: str) -> list[int]:
     """argparse ``type=`` of ``--context``: comma-separated ints >= :data:`PROMPT_TOKENS`."""
     try:
@@ -356,12 +343,12 @@ def main(argv: list[str] | None = None) -> int:
                          "default %(default)s)")
     ap.add_argument("--push-tokens", type=non_negative_int, default=4_000_000,
                     help="size of the timed push, >= 0 (0: skip; default %(default)s)")
-    ap.add_argument("--k", type=_int_in(1, MAX_CAP), default=16,
+    ap.add_argument("--k", type=int_in_range(1, MAX_CAP), default=16,
                     help=f"DAS num_speculative_tokens, in [1, {MAX_CAP}] (the native core's cap; default "
                          f"%(default)s)")
     ap.add_argument("--backend", default="native", choices=("native", "python"),
                     help="the DAS drafter's backend (default %(default)s)")
-    ap.add_argument("--vocab", type=_int_in(2, _MAX_VOCAB), default=32000,
+    ap.add_argument("--vocab", type=int_in_range(2, _MAX_VOCAB), default=32000,
                     help=f"token ids of the synthetic workload, in [2, {_MAX_VOCAB}] (default %(default)s)")
     ap.add_argument("--seed", type=non_negative_int, default=0, help="workload seed, >= 0 (default %(default)s)")
     ap.add_argument("--skip", type=_skips, default="",

@@ -18,7 +18,8 @@ import os
 import time
 from pathlib import Path
 
-from das_trl.bench.options import non_negative_float, non_negative_int, output_file, positive_int
+from das_trl.bench.live.config import VLLM_DTYPES, engine_seed
+from das_trl.bench.options import non_negative_float, output_file, positive_int
 from das_trl.drafter.rollout_log import RolloutRecord, append_records
 
 
@@ -32,8 +33,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--epochs", type=positive_int, default=4, help="(default: %(default)s)")
     p.add_argument("--temperature", type=non_negative_float, default=0.6, help="(default: %(default)s)")
     p.add_argument("--max-tokens", type=positive_int, default=256, help="(default: %(default)s)")
-    p.add_argument("--seed", type=non_negative_int, default=0, help="dataset and engine seed (default: %(default)s)")
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--seed", type=engine_seed, default=0,
+                   help="dataset and engine seed, 0 to 2**32 - 1 (default: %(default)s)")
+    p.add_argument("--dtype", default="float32", choices=VLLM_DTYPES, help="vLLM's dtype (default: %(default)s)")
     p.add_argument("--kv-cache-bytes", type=positive_int, default=1 << 30, help="(default: %(default)s)")
     p.add_argument("--max-model-len", type=positive_int, default=1024, help="(default: %(default)s)")
     p.add_argument("--out", type=output_file, required=True,
